@@ -1,0 +1,1 @@
+//! Streaming GGUF parser (see issue 3).

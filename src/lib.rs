@@ -1,0 +1,22 @@
+//! cera-web: GGUF language models on the GPU through WebGPU, natively (wgpu) and in the browser.
+//!
+//! Module map (each arrow in DESIGN.md's data flow is one module):
+//! - [`gguf`]: streaming GGUF parser, bytes -> header and tensor table (no GPU).
+//! - [`quant`]: GGUF block formats, CPU dequantization reference.
+//! - [`gpu`]: context, limits, preprocessor, pipeline cache, dispatch grid, readback.
+//! - [`ops`]: one kernel family per file, each with its CPU reference.
+//! - [`kv`]: the KV cache and its context shift.
+//! - [`rope`]: RoPE on the CPU, the reference every GPU rope is tested against.
+
+pub mod error;
+pub mod gguf;
+pub mod gpu;
+pub mod kv;
+pub mod ops;
+pub mod quant;
+pub mod rope;
+
+#[cfg(target_arch = "wasm32")]
+pub mod web;
+
+pub use error::{Error, ErrorCode};

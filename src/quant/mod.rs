@@ -1,0 +1,1 @@
+//! GGUF quant block formats and CPU dequantization (see issue 3).
