@@ -1,0 +1,20 @@
+//! The GPU core: one code path for native wgpu and browser WebGPU.
+//!
+//! - [`context`]: adapter + device with requested limits, carried as [`GpuLimits`].
+//! - [`dispatch`]: the 2-D workgroup grid (more than 65535 workgroups under browser limits).
+//! - [`preprocess`]: the WGSL preprocessor (`#include`, `#define`, `#ifdef` ...).
+//! - [`shaders`]: every `.wgsl` / `.tmpl` in `shaders/`, embedded so the wasm build needs no files.
+//! - [`pipeline`]: compute pipelines cached by shader + defines, with the dispatch decisions.
+//! - [`readback`]: the one async readback used on both targets.
+
+pub mod context;
+pub mod dispatch;
+pub mod pipeline;
+pub mod preprocess;
+pub mod readback;
+pub mod shaders;
+
+pub use context::{GpuContext, GpuLimits, LimitRequest};
+pub use dispatch::grid_2d;
+pub use pipeline::{CachedPipeline, PipelineKey};
+pub use readback::read_buffer;

@@ -1,0 +1,134 @@
+//! Compute pipelines cached by shader + entry + defines, with the dispatch decisions beside them.
+//!
+//! A kernel's workgroup size is a decision made once, in Rust: [`PipelineKey::workgroup_size`]
+//! sets the `WG_SIZE` define the shader's `@workgroup_size` reads *and* records it in
+//! [`Decisions`], which the dispatch code reads back. Shader and dispatch cannot disagree.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::shaders;
+use crate::error::{Error, Result};
+
+/// What identifies a pipeline variant. Defines are kept sorted so equal sets hash equally.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PipelineKey {
+    pub shader: &'static str,
+    pub entry: &'static str,
+    pub defines: Vec<(String, String)>,
+}
+
+/// Choices the dispatch must agree with, stored with the compiled pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Decisions {
+    /// Invocations along x per workgroup (`WG_SIZE` in the shader).
+    pub workgroup_size: u32,
+}
+
+impl PipelineKey {
+    pub fn new(shader: &'static str, entry: &'static str) -> Self {
+        PipelineKey { shader, entry, defines: Vec::new() }
+    }
+
+    /// Add a define (flag when `value` is empty).
+    pub fn define(mut self, name: &str, value: impl ToString) -> Self {
+        self.defines.retain(|(k, _)| k != name);
+        self.defines.push((name.to_string(), value.to_string()));
+        self.defines.sort();
+        self
+    }
+
+    /// Set the workgroup size: the `WG_SIZE` define and the recorded decision, from one number.
+    pub fn workgroup_size(self, n: u32) -> Self {
+        self.define("WG_SIZE", format!("{n}u"))
+    }
+
+    pub fn decisions(&self) -> Decisions {
+        let wg = self
+            .defines
+            .iter()
+            .find(|(k, _)| k == "WG_SIZE")
+            .and_then(|(_, v)| v.trim_end_matches('u').parse().ok())
+            .unwrap_or(1);
+        Decisions { workgroup_size: wg }
+    }
+
+    /// A label naming the variant, for every wgpu object made from it.
+    pub fn label(&self) -> String {
+        let mut s = format!("{}::{}", self.shader, self.entry);
+        for (k, v) in &self.defines {
+            if v.is_empty() {
+                s.push_str(&format!(" {k}"));
+            } else {
+                s.push_str(&format!(" {k}={v}"));
+            }
+        }
+        s
+    }
+
+    pub fn define_pairs(&self) -> Vec<(&str, &str)> {
+        self.defines.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+    }
+}
+
+/// A compiled pipeline, its bind group layout (group 0) and the decisions it was built with.
+pub struct CachedPipeline {
+    pub key: PipelineKey,
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+    pub decisions: Decisions,
+}
+
+#[derive(Default)]
+pub struct PipelineCache {
+    map: Mutex<HashMap<PipelineKey, Arc<CachedPipeline>>>,
+}
+
+impl PipelineCache {
+    pub fn get(&self, device: &wgpu::Device, key: &PipelineKey) -> Result<Arc<CachedPipeline>> {
+        let mut map = self.map.lock().map_err(|_| Error::internal("pipeline cache poisoned"))?;
+        if let Some(p) = map.get(key) {
+            return Ok(p.clone());
+        }
+        let src = shaders::expand(key.shader, &key.define_pairs())?;
+        let label = key.label();
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(src.source.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: None,
+            module: &module,
+            entry_point: Some(key.entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let layout = pipeline.get_bind_group_layout(0);
+        let cached = Arc::new(CachedPipeline { key: key.clone(), pipeline, layout, decisions: key.decisions() });
+        map.insert(key.clone(), cached.clone());
+        Ok(cached)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_is_order_independent_and_carries_workgroup_size() {
+        let a = PipelineKey::new("x.wgsl", "main").define("A", "").define("B", 2).workgroup_size(64);
+        let b = PipelineKey::new("x.wgsl", "main").workgroup_size(64).define("B", 2).define("A", "");
+        assert_eq!(a, b);
+        assert_eq!(a.decisions().workgroup_size, 64);
+        assert_eq!(a.label(), "x.wgsl::main A B=2 WG_SIZE=64u");
+    }
+}

@@ -1,0 +1,20 @@
+//! Every file in `shaders/`, embedded at compile time so the wasm build reads no files.
+//!
+//! Adding a shader: put it in `shaders/`, add a line here, and list its variants in its op's
+//! `VARIANTS` so the naga test compiles every one.
+
+/// `(file name, source)` for each shader and template.
+pub const FILES: &[(&str, &str)] = &[
+    ("common_decls.tmpl", include_str!("../../shaders/common_decls.tmpl")),
+    ("kv_shift.wgsl", include_str!("../../shaders/kv_shift.wgsl")),
+];
+
+/// The source of a shader or template by file name.
+pub fn source(name: &str) -> Option<&'static str> {
+    FILES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+}
+
+/// Preprocess a shader from the embedded set.
+pub fn expand(name: &str, defines: &[(&str, &str)]) -> crate::error::Result<super::preprocess::Preprocessed> {
+    super::preprocess::preprocess(name, defines, &source)
+}

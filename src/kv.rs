@@ -1,0 +1,203 @@
+//! The f32 KV cache (time-major, one K and one V buffer per layer) and its context shift.
+//!
+//! Shape of each buffer: `(n_ctx, n_kv_heads, head_dim)` f32. `n_past` cells are in use. A shift
+//! drops cells `[n_keep, n_keep + n_discard)`: retained K cells are re-rotated by `R(-n_discard)`
+//! (`kv_shift.wgsl`) into a scratch buffer and copied back; V cells move through the same
+//! scratch with two buffer copies (WebGPU forbids a copy within one buffer). Nothing is
+//! recomputed.
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::gpu::GpuContext;
+use crate::ops::kv_shift::{self, KvShiftParams};
+use crate::rope::RopeConfig;
+
+/// How to build a cache.
+#[derive(Clone, Debug)]
+pub struct KvCacheConfig {
+    pub n_ctx: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    /// One rope per layer (Gemma 3's local and global layers differ in `freq_base`).
+    pub layer_ropes: Vec<RopeConfig>,
+    /// Workgroup size of the shift kernel; `None` picks 256 within the device's limits.
+    pub shift_workgroup_size: Option<u32>,
+    /// Cap on scratch cells (the shift then runs in chunks); `None` sizes it to one layer,
+    /// within the binding limit.
+    pub max_scratch_cells: Option<u32>,
+}
+
+struct LayerKv {
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+}
+
+/// What one shift did, for stats and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShiftStats {
+    pub retained: u32,
+    pub chunks: u32,
+    /// Largest workgroup count of one dispatch (above 65535 means the 2-D grid was used).
+    pub max_workgroups: u64,
+}
+
+pub struct KvCache {
+    cfg: KvCacheConfig,
+    layers: Vec<LayerKv>,
+    scratch: wgpu::Buffer,
+    scratch_cells: u32,
+    workgroup_size: u32,
+    n_past: u32,
+}
+
+impl KvCache {
+    pub fn new(ctx: &GpuContext, cfg: KvCacheConfig) -> Result<Self> {
+        if cfg.n_ctx == 0 || cfg.n_kv_heads == 0 || cfg.layer_ropes.is_empty() {
+            return Err(Error::invalid("a KV cache needs n_ctx, n_kv_heads and at least one layer"));
+        }
+        for r in &cfg.layer_ropes {
+            r.validate()?;
+            if r.head_dim != cfg.head_dim as usize {
+                return Err(Error::invalid(format!("rope head_dim {} != cache head_dim {}", r.head_dim, cfg.head_dim)));
+            }
+        }
+        let cell = cfg.n_kv_heads as u64 * cfg.head_dim as u64 * 4;
+        let layer_bytes = cell * cfg.n_ctx as u64;
+        let max = ctx.limits.max_binding();
+        if layer_bytes > max {
+            return Err(Error::new(
+                ErrorCode::AdapterTooSmall,
+                format!(
+                    "a context of {} tokens needs {} MiB per layer of K cache, above this device's {} MiB binding limit; \
+                     use a context of at most {} tokens",
+                    cfg.n_ctx,
+                    layer_bytes >> 20,
+                    max >> 20,
+                    max / cell
+                ),
+            ));
+        }
+        let mut scratch_cells = cfg.n_ctx;
+        if let Some(c) = cfg.max_scratch_cells {
+            scratch_cells = scratch_cells.min(c.max(1));
+        }
+        let workgroup_size = ctx.limits.workgroup_size(cfg.shift_workgroup_size.unwrap_or(256));
+        let mut layers = Vec::with_capacity(cfg.layer_ropes.len());
+        for l in 0..cfg.layer_ropes.len() {
+            layers.push(LayerKv {
+                k: ctx.empty_storage(&format!("kv.k[{l}]"), layer_bytes)?,
+                v: ctx.empty_storage(&format!("kv.v[{l}]"), layer_bytes)?,
+            });
+        }
+        let scratch = ctx.empty_storage("kv.scratch", scratch_cells as u64 * cell)?;
+        Ok(KvCache { cfg, layers, scratch, scratch_cells, workgroup_size, n_past: 0 })
+    }
+
+    pub fn config(&self) -> &KvCacheConfig {
+        &self.cfg
+    }
+    pub fn n_past(&self) -> u32 {
+        self.n_past
+    }
+    pub fn n_ctx(&self) -> u32 {
+        self.cfg.n_ctx
+    }
+    /// Bytes of one cell (all KV heads of one position).
+    pub fn cell_bytes(&self) -> u64 {
+        self.cfg.n_kv_heads as u64 * self.cfg.head_dim as u64 * 4
+    }
+    pub fn k(&self, layer: usize) -> &wgpu::Buffer {
+        &self.layers[layer].k
+    }
+    pub fn v(&self, layer: usize) -> &wgpu::Buffer {
+        &self.layers[layer].v
+    }
+
+    /// Mark `n` cells as used (the forward pass wrote them).
+    pub fn advance(&mut self, n: u32) -> Result<()> {
+        let to = self.n_past.checked_add(n).filter(|&t| t <= self.cfg.n_ctx);
+        self.n_past = to.ok_or_else(|| {
+            Error::new(ErrorCode::ContextFull, format!("{} + {n} tokens exceed the context of {}", self.n_past, self.cfg.n_ctx))
+        })?;
+        Ok(())
+    }
+
+    /// Forget every cell.
+    pub fn clear(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Write K and V rows (`(cells, n_kv_heads, head_dim)` each) at `cell` of `layer`.
+    pub fn write_cells(&self, ctx: &GpuContext, layer: usize, cell: u32, k: &[f32], v: &[f32]) -> Result<()> {
+        let cb = self.cell_bytes() as usize;
+        let n = k.len() * 4 / cb;
+        if k.len() != v.len() || k.len() * 4 % cb != 0 || cell as usize + n > self.cfg.n_ctx as usize || layer >= self.layers.len() {
+            return Err(Error::invalid("write_cells: rows do not fit the cache"));
+        }
+        let off = cell as u64 * cb as u64;
+        ctx.queue.write_buffer(&self.layers[layer].k, off, bytemuck::cast_slice(k));
+        ctx.queue.write_buffer(&self.layers[layer].v, off, bytemuck::cast_slice(v));
+        Ok(())
+    }
+
+    /// Drop cells `[n_keep, n_keep + n_discard)`, keep everything else at rebased positions.
+    ///
+    /// Encodes and submits one command buffer. After it, `n_past` is `n_past - n_discard`.
+    pub fn shift(&mut self, ctx: &GpuContext, n_keep: u32, n_discard: u32) -> Result<ShiftStats> {
+        let end = n_keep.checked_add(n_discard).filter(|&e| e <= self.n_past).ok_or_else(|| {
+            Error::invalid(format!(
+                "context shift: n_keep {n_keep} + n_discard {n_discard} is more than the {} cells in use",
+                self.n_past
+            ))
+        })?;
+        if n_discard == 0 {
+            return Ok(ShiftStats::default());
+        }
+        let retained = self.n_past - end;
+        let mut stats = ShiftStats { retained, ..Default::default() };
+        let cell = self.cell_bytes();
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv shift") });
+
+        // One cos/sin table per distinct rope (layers sharing a rope share the table).
+        let mut tables: Vec<(RopeConfig, wgpu::Buffer)> = Vec::new();
+        for r in &self.cfg.layer_ropes {
+            if !tables.iter().any(|(t, _)| t == r) {
+                let tab = r.delta_table(-(n_discard as f64));
+                let buf = ctx.storage_buffer("kv_shift cos/sin", bytemuck::cast_slice(&tab));
+                tables.push((r.clone(), buf));
+            }
+        }
+
+        let mut t0 = 0u32;
+        while t0 < retained {
+            let count = (retained - t0).min(self.scratch_cells);
+            stats.chunks += 1;
+            let bytes = count as u64 * cell;
+            for (l, layer) in self.layers.iter().enumerate() {
+                let rope = &self.cfg.layer_ropes[l];
+                let params = KvShiftParams {
+                    n_keep,
+                    shift: n_discard,
+                    t_begin: t0,
+                    count,
+                    n_kv_heads: self.cfg.n_kv_heads,
+                    head_dim: self.cfg.head_dim,
+                    n_rot: rope.n_rot as u32,
+                    rope_type: rope.rope_type as u32,
+                };
+                let pbuf = ctx.uniform_buffer("kv_shift params", &params);
+                let table = &tables.iter().find(|(t, _)| t == rope).expect("table built above").1;
+                let groups = kv_shift::encode(ctx, &mut enc, self.workgroup_size, &pbuf, &params, &layer.k, &self.scratch, table)?;
+                stats.max_workgroups = stats.max_workgroups.max(groups);
+                let dst = (n_keep + t0) as u64 * cell;
+                let src = (end + t0) as u64 * cell;
+                enc.copy_buffer_to_buffer(&self.scratch, 0, &layer.k, dst, bytes);
+                enc.copy_buffer_to_buffer(&layer.v, src, &self.scratch, 0, bytes);
+                enc.copy_buffer_to_buffer(&self.scratch, 0, &layer.v, dst, bytes);
+            }
+            t0 += count;
+        }
+        ctx.queue.submit([enc.finish()]);
+        self.n_past -= n_discard;
+        Ok(stats)
+    }
+}

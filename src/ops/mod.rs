@@ -1,0 +1,37 @@
+//! GPU kernels: one file per kernel family, each holding its params struct, pipeline key,
+//! encode function and the list of variants the naga test compiles.
+
+pub mod kv_shift;
+
+/// A `#[repr(C)]` params struct that a WGSL struct of the same name mirrors.
+///
+/// `FIELDS` lists `(name, byte offset)` in order; a test compares it, and `size_of`, with the
+/// struct naga parses from the shader, so the Rust struct is the single source of truth.
+pub trait WgslParams: bytemuck::Pod {
+    const WGSL_NAME: &'static str;
+    const FIELDS: &'static [(&'static str, usize)];
+    /// The shader that declares the struct.
+    const SHADER: &'static str;
+}
+
+/// One shader variant: file, entry point and defines.
+pub struct Variant {
+    pub shader: &'static str,
+    pub entry: &'static str,
+    pub defines: Vec<(String, String)>,
+}
+
+/// Every shader variant any op can build, for the naga validation test.
+pub fn all_variants() -> Vec<Variant> {
+    let mut v = Vec::new();
+    v.extend(kv_shift::variants());
+    v
+}
+
+/// `(wgsl name, fields, size, shader)` of every params struct, for the layout test.
+pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usize, &'static str)> {
+    fn entry<T: WgslParams>() -> (&'static str, &'static [(&'static str, usize)], usize, &'static str) {
+        (T::WGSL_NAME, T::FIELDS, std::mem::size_of::<T>(), T::SHADER)
+    }
+    vec![entry::<kv_shift::KvShiftParams>()]
+}

@@ -1,0 +1,59 @@
+//! Every shader variant through naga (parse + validate), and every params struct against the
+//! WGSL struct of the same name. Native only: naga needs no GPU.
+#![cfg(not(target_arch = "wasm32"))]
+
+use cera_web::gpu::shaders;
+
+fn parse(src: &cera_web::gpu::preprocess::Preprocessed, label: &str) -> naga::Module {
+    naga::front::wgsl::parse_str(&src.source).unwrap_or_else(|e| {
+        let loc = e.location(&src.source).map(|l| src.origin(l.line_number as usize)).unwrap_or_default();
+        panic!("{label}: WGSL parse error at {loc}:\n{}", e.emit_to_string(&src.source))
+    })
+}
+
+#[test]
+fn every_shader_variant_validates() {
+    let variants = cera_web::ops::all_variants();
+    assert!(!variants.is_empty());
+    for v in &variants {
+        let defs: Vec<(&str, &str)> = v.defines.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        let src = shaders::expand(v.shader, &defs).unwrap();
+        let label = format!("{} {:?}", v.shader, v.defines);
+        let module = parse(&src, &label);
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{label}: validation failed:\n{}", e.emit_to_string(&src.source)));
+        assert!(module.entry_points.iter().any(|e| e.name == v.entry), "{label}: no entry {}", v.entry);
+    }
+    eprintln!("validated {} shader variants", variants.len());
+}
+
+#[test]
+fn every_shader_file_is_used_by_a_variant_or_included() {
+    let variants = cera_web::ops::all_variants();
+    for (name, _) in shaders::FILES {
+        let used = name.ends_with(".tmpl") || variants.iter().any(|v| v.shader == *name);
+        assert!(used, "{name} has no variant in ops::all_variants()");
+    }
+}
+
+#[test]
+fn params_structs_match_their_wgsl_layout() {
+    for (name, fields, size, shader) in cera_web::ops::all_params() {
+        let v = cera_web::ops::all_variants().into_iter().find(|v| v.shader == shader).unwrap();
+        let defs: Vec<(&str, &str)> = v.defines.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        let src = shaders::expand(shader, &defs).unwrap();
+        let module = parse(&src, shader);
+        let ty = module
+            .types
+            .iter()
+            .find(|(_, t)| t.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("{shader} declares no struct {name}"))
+            .1;
+        let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("{name} is not a struct") };
+        let wgsl: Vec<(String, usize)> = members.iter().map(|m| (m.name.clone().unwrap_or_default(), m.offset as usize)).collect();
+        let rust: Vec<(String, usize)> = fields.iter().map(|(n, o)| (n.to_string(), *o)).collect();
+        assert_eq!(wgsl, rust, "{name}: field names/offsets differ between Rust and {shader}");
+        assert_eq!(*span as usize, size, "{name}: size differs between Rust and {shader}");
+    }
+}
