@@ -7,6 +7,8 @@
 //! - [`ops`]: one kernel family per file, each with its CPU reference.
 //! - [`kv`]: the KV cache and its context shift.
 //! - [`rope`]: RoPE on the CPU, the reference every GPU rope is tested against.
+//! - [`selfcheck`]: the kv_shift check the demo page and `cera selfcheck` run.
+//! - `web` (wasm32 only): the JS class and functions.
 
 pub mod error;
 pub mod gguf;
@@ -15,8 +17,13 @@ pub mod kv;
 pub mod ops;
 pub mod quant;
 pub mod rope;
+pub mod selfcheck;
 
 #[cfg(target_arch = "wasm32")]
 pub mod web;
 
 pub use error::{Error, ErrorCode};
+
+// Unit tests marked `wasm_bindgen_test` run in the browser, not in Node.
+#[cfg(all(test, target_arch = "wasm32"))]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
