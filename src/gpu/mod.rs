@@ -13,8 +13,10 @@ pub mod pipeline;
 pub mod preprocess;
 pub mod readback;
 pub mod shaders;
+pub mod tensor;
 
 pub use context::{GpuContext, GpuLimits, LimitRequest};
 pub use dispatch::grid_2d;
 pub use pipeline::{CachedPipeline, PipelineKey};
 pub use readback::read_buffer;
+pub use tensor::{GpuTensor, TensorPart};
