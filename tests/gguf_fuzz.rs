@@ -11,8 +11,10 @@ use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use cera_web::gguf::{Event, GgmlType, GgufError, GgufHeader, GgufParser, GgufWriter, MetaArray, MetaValue, TensorInfo,
-    ValueType};
+use cera_web::gguf::{
+    Event, GgmlType, GgufError, GgufHeader, GgufParser, GgufWriter, MetaArray, MetaValue,
+    TensorInfo, ValueType,
+};
 
 // ---- Per-thread allocation accounting (this test binary only) ----
 
@@ -108,20 +110,51 @@ fn base_files() -> Vec<Vec<u8>> {
         .meta("a.u64", 1u64 << 40)
         .meta("a.i64", -4i64)
         .meta("a.f64", 0.25f64)
-        .meta("tokenizer.ggml.tokens", vec!["<unk>", "<s>", "</s>", "hello", "▁world"])
-        .meta("tokenizer.ggml.scores", vec![0.0f32, -1.0, -2.0, -3.0, -4.0])
-        .meta("a.nested", vec![MetaArray::I16(vec![1, -1]), MetaArray::empty(ValueType::F64), MetaArray::Array(vec![MetaArray::String(vec!["x".into()])])]);
+        .meta(
+            "tokenizer.ggml.tokens",
+            vec!["<unk>", "<s>", "</s>", "hello", "▁world"],
+        )
+        .meta(
+            "tokenizer.ggml.scores",
+            vec![0.0f32, -1.0, -2.0, -3.0, -4.0],
+        )
+        .meta(
+            "a.nested",
+            vec![
+                MetaArray::I16(vec![1, -1]),
+                MetaArray::empty(ValueType::F64),
+                MetaArray::Array(vec![MetaArray::String(vec!["x".into()])]),
+            ],
+        );
     w.tensor_f32("token_embd.weight", &[3, 5], &[0.5; 15]);
-    w.tensor("blk.0.attn_q.weight", &[32, 3], GgmlType::Q8_0, vec![7u8; 3 * 34]);
+    w.tensor(
+        "blk.0.attn_q.weight",
+        &[32, 3],
+        GgmlType::Q8_0,
+        vec![7u8; 3 * 34],
+    );
     w.tensor("blk.0.ffn_up.weight", &[256], GgmlType::Q6K, vec![9u8; 210]);
     w.tensor("output_norm.weight", &[5], GgmlType::F16, vec![1u8; 10]);
     let mut small = GgufWriter::new().with_version(2);
-    small.meta("general.name", MetaValue::String("tiny".into())).tensor_f32("x", &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    small
+        .meta("general.name", MetaValue::String("tiny".into()))
+        .tensor_f32("x", &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
     vec![w.to_bytes(), small.to_bytes()]
 }
 
 /// Numbers that stress count and length fields.
-const BIG: [u64; 10] = [1 << 60, u64::MAX, u64::MAX - 31, 1 << 32, (1 << 28) + 1, (1 << 24) + 1, (1 << 20) + 1, 1 << 27, 13, 0];
+const BIG: [u64; 10] = [
+    1 << 60,
+    u64::MAX,
+    u64::MAX - 31,
+    1 << 32,
+    (1 << 28) + 1,
+    (1 << 24) + 1,
+    (1 << 20) + 1,
+    1 << 27,
+    13,
+    0,
+];
 
 fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
     for _ in 0..1 + rng.below(4) {
@@ -148,7 +181,11 @@ fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
             }
             5 => {
                 // A large number over a count: the fixed fields, or anywhere in the header.
-                let v = if rng.chance(4) { rng.next() } else { BIG[rng.below(BIG.len())] };
+                let v = if rng.chance(4) {
+                    rng.next()
+                } else {
+                    BIG[rng.below(BIG.len())]
+                };
                 let at = match rng.below(3) {
                     0 => 8,
                     1 => 16,
@@ -175,7 +212,10 @@ fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
 /// What a parse produced, for comparing chunkings.
 #[derive(Debug, PartialEq)]
 enum Outcome {
-    Ok { header: Option<Canon>, data: Vec<Vec<u8>> },
+    Ok {
+        header: Option<Canon>,
+        data: Vec<Vec<u8>>,
+    },
     Err(GgufError),
 }
 
@@ -229,10 +269,23 @@ fn run(f: &[u8], total: Option<u64>, chunk_size: &mut dyn FnMut() -> usize) -> O
                     data = vec![Vec::new(); h.tensors().len()];
                     header = Some(h);
                 }
-                Event::TensorData { tensor, offset, bytes } => {
+                Event::TensorData {
+                    tensor,
+                    offset,
+                    bytes,
+                } => {
                     let t = &header.as_ref().expect("data before header").tensors()[tensor];
-                    assert_eq!(offset, data[tensor].len() as u64, "pieces of `{}` not contiguous", t.name);
-                    assert!(offset + bytes.len() as u64 <= t.size, "data past the end of `{}`", t.name);
+                    assert_eq!(
+                        offset,
+                        data[tensor].len() as u64,
+                        "pieces of `{}` not contiguous",
+                        t.name
+                    );
+                    assert!(
+                        offset + bytes.len() as u64 <= t.size,
+                        "data past the end of `{}`",
+                        t.name
+                    );
                     data[tensor].extend_from_slice(bytes);
                 }
                 Event::TensorDone { tensor } => {
@@ -244,15 +297,25 @@ fn run(f: &[u8], total: Option<u64>, chunk_size: &mut dyn FnMut() -> usize) -> O
         });
         // The parser never holds more than it was given, and everything it holds (header and
         // step buffer alike) stays proportional to the bytes seen: a count of 2^60 allocates nothing.
-        assert!(p.buffered_bytes() <= fed.max(64) * 2, "buffered {} after {fed} bytes", p.buffered_bytes());
+        assert!(
+            p.buffered_bytes() <= fed.max(64) * 2,
+            "buffered {} after {fed} bytes",
+            p.buffered_bytes()
+        );
         let grown = peak().saturating_sub(base);
-        assert!(grown <= 64 * fed + (64 << 10), "allocated {grown} bytes after {fed} bytes of input");
+        assert!(
+            grown <= 64 * fed + (64 << 10),
+            "allocated {grown} bytes after {fed} bytes of input"
+        );
         if let Err(e) = r {
             break Err(e);
         }
     };
     match r {
-        Ok(()) => Outcome::Ok { header: header.as_deref().map(canon), data },
+        Ok(()) => Outcome::Ok {
+            header: header.as_deref().map(canon),
+            data,
+        },
         Err(e) => Outcome::Err(e),
     }
 }
@@ -262,15 +325,24 @@ fn kind(o: &Outcome) -> String {
         Outcome::Ok { .. } => "Ok".into(),
         Outcome::Err(e) => {
             let d = format!("{e:?}");
-            d.split([' ', '{', '(']).next().unwrap_or_default().to_owned()
+            d.split([' ', '{', '('])
+                .next()
+                .unwrap_or_default()
+                .to_owned()
         }
     }
 }
 
 #[test]
 fn fuzz_mutated_files() {
-    let iters: usize = std::env::var("CERA_FUZZ_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000);
-    let seed: u64 = std::env::var("CERA_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_cafe_f00d_d00d);
+    let iters: usize = std::env::var("CERA_FUZZ_ITERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000);
+    let seed: u64 = std::env::var("CERA_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_cafe_f00d_d00d);
     let bases = base_files();
     let mut rng = Rng(seed | 1);
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();

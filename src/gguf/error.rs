@@ -45,11 +45,22 @@ pub enum GgufError {
     Truncated { section: Section },
 
     #[error("{section}: {what} {value} exceeds the limit {limit}")]
-    LimitExceeded { section: Section, what: &'static str, value: u64, limit: u64 },
+    LimitExceeded {
+        section: Section,
+        what: &'static str,
+        value: u64,
+        limit: u64,
+    },
 
     /// A count or length that cannot fit in what is left of an input of known total size.
     #[error("{section}: {what} {value} needs at least {needed} bytes but only {remaining} remain in the input")]
-    ExceedsInput { section: Section, what: &'static str, value: u64, needed: u64, remaining: u64 },
+    ExceedsInput {
+        section: Section,
+        what: &'static str,
+        value: u64,
+        needed: u64,
+        remaining: u64,
+    },
 
     #[error("{section}: unknown metadata value type {ty}")]
     UnknownValueType { section: Section, ty: u32 },
@@ -58,22 +69,51 @@ pub enum GgufError {
     UnknownTensorType { tensor: String, id: u32 },
 
     #[error("tensor `{tensor}` has invalid dims {dims:?}: {reason}")]
-    InvalidDims { tensor: String, dims: Vec<u64>, reason: &'static str },
+    InvalidDims {
+        tensor: String,
+        dims: Vec<u64>,
+        reason: &'static str,
+    },
 
     #[error("tensor `{tensor}` of type {ty}: row length {row} is not a multiple of the block size {block}")]
-    RowNotBlockMultiple { tensor: String, ty: GgmlType, row: u64, block: u64 },
+    RowNotBlockMultiple {
+        tensor: String,
+        ty: GgmlType,
+        row: u64,
+        block: u64,
+    },
 
     #[error("tensor `{tensor}`: data at file bytes {start}..{end} lies beyond the input of {total} bytes")]
-    TensorOutOfRange { tensor: String, start: u64, end: u64, total: u64 },
+    TensorOutOfRange {
+        tensor: String,
+        start: u64,
+        end: u64,
+        total: u64,
+    },
 
     #[error("tensor `{tensor}`: offset {offset} plus size {size} overflows u64")]
-    TensorOffsetOverflow { tensor: String, offset: u64, size: u64 },
+    TensorOffsetOverflow {
+        tensor: String,
+        offset: u64,
+        size: u64,
+    },
 
     #[error("tensor `{tensor}` (data offset {offset}) overlaps tensor `{other}` (ending at {other_end})")]
-    TensorOverlap { tensor: String, offset: u64, other: String, other_end: u64 },
+    TensorOverlap {
+        tensor: String,
+        offset: u64,
+        other: String,
+        other_end: u64,
+    },
 
-    #[error("tensor `{tensor}`: data offset {offset} is not a multiple of the alignment {alignment}")]
-    TensorMisaligned { tensor: String, offset: u64, alignment: u64 },
+    #[error(
+        "tensor `{tensor}`: data offset {offset} is not a multiple of the alignment {alignment}"
+    )]
+    TensorMisaligned {
+        tensor: String,
+        offset: u64,
+        alignment: u64,
+    },
 
     #[error("duplicate tensor name `{name}`")]
     DuplicateTensor { name: String },
@@ -88,7 +128,11 @@ pub enum GgufError {
     BadAlignment { value: u64 },
 
     #[error("metadata `{key}` has type {found}, expected {expected}")]
-    WrongMetaType { key: String, expected: &'static str, found: ValueType },
+    WrongMetaType {
+        key: String,
+        expected: &'static str,
+        found: ValueType,
+    },
 
     #[error("tensor `{tensor}` has type {ty} (id {}), which cera-web cannot run on the GPU", ty.id())]
     UnsupportedTensorType { tensor: String, ty: GgmlType },

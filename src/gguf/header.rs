@@ -164,7 +164,10 @@ impl GgufHeader {
 /// Fail on the first tensor (in table order) whose type the GPU path cannot run.
 pub fn check_gpu_supported(header: &GgufHeader) -> Result<(), GgufError> {
     match header.tensors.iter().find(|t| !t.ty.gpu_supported()) {
-        Some(t) => Err(GgufError::UnsupportedTensorType { tensor: t.name.clone(), ty: t.ty }),
+        Some(t) => Err(GgufError::UnsupportedTensorType {
+            tensor: t.name.clone(),
+            ty: t.ty,
+        }),
         None => Ok(()),
     }
 }

@@ -7,12 +7,15 @@
 mod error;
 mod header;
 mod parse;
+mod steps;
 mod types;
 mod value;
 mod write;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_malformed;
 
 pub use error::{GgufError, Section};
 pub use header::{check_gpu_supported, GgufHeader, TensorInfo, DEFAULT_ALIGNMENT};

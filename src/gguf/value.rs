@@ -351,6 +351,8 @@ impl From<Vec<MetaArray>> for MetaValue {
 
 impl From<Vec<&str>> for MetaValue {
     fn from(a: Vec<&str>) -> Self {
-        MetaValue::Array(MetaArray::String(a.into_iter().map(str::to_owned).collect()))
+        MetaValue::Array(MetaArray::String(
+            a.into_iter().map(str::to_owned).collect(),
+        ))
     }
 }

@@ -42,7 +42,11 @@ impl Default for GgufWriter {
 impl GgufWriter {
     /// A GGUF v3 writer.
     pub fn new() -> Self {
-        GgufWriter { version: 3, metadata: Vec::new(), tensors: Vec::new() }
+        GgufWriter {
+            version: 3,
+            metadata: Vec::new(),
+            tensors: Vec::new(),
+        }
     }
 
     /// Write another version number (v2 has the same layout; others are for negative tests).
@@ -59,18 +63,35 @@ impl GgufWriter {
     }
 
     /// Append a tensor; `data` is its raw bytes in the type's block format.
-    pub fn tensor(&mut self, name: impl Into<String>, dims: &[u64], ty: GgmlType, data: impl Into<Vec<u8>>) -> &mut Self {
+    pub fn tensor(
+        &mut self,
+        name: impl Into<String>,
+        dims: &[u64],
+        ty: GgmlType,
+        data: impl Into<Vec<u8>>,
+    ) -> &mut Self {
         self.tensor_raw(name, dims, ty.id(), data)
     }
 
     /// Append an f32 tensor from values.
-    pub fn tensor_f32(&mut self, name: impl Into<String>, dims: &[u64], values: &[f32]) -> &mut Self {
+    pub fn tensor_f32(
+        &mut self,
+        name: impl Into<String>,
+        dims: &[u64],
+        values: &[f32],
+    ) -> &mut Self {
         let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.tensor_raw(name, dims, GgmlType::F32.id(), data)
     }
 
     /// Append a tensor with any type id, known to ggml or not.
-    pub fn tensor_raw(&mut self, name: impl Into<String>, dims: &[u64], type_id: u32, data: impl Into<Vec<u8>>) -> &mut Self {
+    pub fn tensor_raw(
+        &mut self,
+        name: impl Into<String>,
+        dims: &[u64],
+        type_id: u32,
+        data: impl Into<Vec<u8>>,
+    ) -> &mut Self {
         self.tensors.push(WTensor {
             name: name.into(),
             dims: dims.to_vec(),
