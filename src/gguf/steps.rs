@@ -47,9 +47,9 @@ impl From<GgufError> for Stop {
 }
 
 /// A read position in the bytes available to one step.
-pub(super) struct Cur<'a> {
-    pub(super) b: &'a [u8],
-    pub(super) p: usize,
+struct Cur<'a> {
+    b: &'a [u8],
+    p: usize,
 }
 
 impl<'a> Cur<'a> {
