@@ -1,0 +1,102 @@
+// A small static server for the demo: `/` is www/, `/pkg/` the built package, `/models/` the
+// fetched models. Right MIME types (application/wasm), HTTP Range requests (resumable model
+// downloads), no caching headers games. Usage: node scripts/serve.mjs [--port 8080]
+import { createServer } from 'node:http';
+import { createReadStream, statSync } from 'node:fs';
+import { extname, join, normalize, resolve } from 'node:path';
+
+const root = resolve(new URL('..', import.meta.url).pathname);
+const args = process.argv.slice(2);
+const portArg = args.indexOf('--port');
+const port = Number(portArg >= 0 ? args[portArg + 1] : process.env.PORT || 8080);
+const mounts = [
+  ['/pkg/', join(root, 'pkg')],
+  ['/models/', join(root, 'models')],
+  ['/js/', join(root, 'js')],
+  ['/', join(root, 'www')],
+];
+const types = {
+  '.html': 'text/html; charset=utf-8',
+  '.js': 'text/javascript; charset=utf-8',
+  '.mjs': 'text/javascript; charset=utf-8',
+  '.css': 'text/css; charset=utf-8',
+  '.json': 'application/json',
+  '.wasm': 'application/wasm',
+  '.svg': 'image/svg+xml',
+  '.png': 'image/png',
+  '.gguf': 'application/octet-stream',
+  '.ts': 'text/plain; charset=utf-8',
+};
+
+export let bytesServed = 0;
+
+function resolvePath(urlPath) {
+  for (const [prefix, dir] of mounts) {
+    if (urlPath.startsWith(prefix)) {
+      const rel = normalize(decodeURIComponent(urlPath.slice(prefix.length))).replace(/^(\.\.[/\\])+/, '');
+      const full = join(dir, rel || 'index.html');
+      if (!full.startsWith(dir)) return null;
+      return full;
+    }
+  }
+  return null;
+}
+
+const server = createServer((req, res) => {
+  const url = new URL(req.url, 'http://localhost');
+  let file = resolvePath(url.pathname);
+  let st;
+  try {
+    st = file && statSync(file);
+    if (st && st.isDirectory()) {
+      file = join(file, 'index.html');
+      st = statSync(file);
+    }
+  } catch {
+    st = null;
+  }
+  if (!st) {
+    res.writeHead(404, { 'content-type': 'text/plain' });
+    res.end(`not found: ${url.pathname}\n`);
+    return;
+  }
+  const headers = {
+    'content-type': types[extname(file)] || 'application/octet-stream',
+    'accept-ranges': 'bytes',
+    'cache-control': 'no-cache',
+    'cross-origin-opener-policy': 'same-origin',
+    'cross-origin-embedder-policy': 'require-corp',
+  };
+  let start = 0;
+  let end = st.size - 1;
+  let status = 200;
+  const range = req.headers.range && /^bytes=(\d*)-(\d*)$/.exec(req.headers.range);
+  if (range) {
+    if (range[1] === '') {
+      start = Math.max(0, st.size - Number(range[2]));
+    } else {
+      start = Number(range[1]);
+      if (range[2] !== '') end = Math.min(end, Number(range[2]));
+    }
+    if (start > end || start >= st.size) {
+      res.writeHead(416, { 'content-range': `bytes */${st.size}` });
+      res.end();
+      return;
+    }
+    status = 206;
+    headers['content-range'] = `bytes ${start}-${end}/${st.size}`;
+  }
+  headers['content-length'] = String(end - start + 1);
+  res.writeHead(status, headers);
+  if (req.method === 'HEAD') {
+    res.end();
+    return;
+  }
+  const stream = createReadStream(file, { start, end });
+  stream.on('data', (chunk) => (bytesServed += chunk.length));
+  stream.pipe(res);
+});
+
+server.listen(port, '127.0.0.1', () => {
+  console.log(`cera-web demo: http://localhost:${port}/`);
+});
