@@ -5,6 +5,7 @@
 //! - [`quant`]: GGUF block formats, CPU dequantization reference.
 //! - [`gpu`]: context, limits, preprocessor, pipeline cache, dispatch grid, readback.
 //! - [`ops`]: one kernel family per file, each with its CPU reference.
+//! - [`loader`]: streaming load, GGUF bytes -> GPU buffers (split at the binding limit).
 //! - [`kv`]: the KV cache and its context shift.
 //! - [`rope`]: RoPE on the CPU, the reference every GPU rope is tested against.
 //! - [`selfcheck`]: the kv_shift check the demo page and `cera selfcheck` run.
@@ -14,6 +15,7 @@ pub mod error;
 pub mod gguf;
 pub mod gpu;
 pub mod kv;
+pub mod loader;
 pub mod ops;
 pub mod quant;
 pub mod rope;

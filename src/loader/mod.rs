@@ -1,0 +1,306 @@
+//! Streaming load: GGUF bytes in any chunking -> GPU buffers, with the wasm heap bounded.
+//!
+//! The loader drives [`crate::gguf::GgufParser`]. On the header it plans every tensor for this
+//! device ([`plan`]: GPU layout bytes, parts under the binding limit) and creates the buffers.
+//! Tensor bytes then pass through one bounded staging area: whole rows are repacked
+//! (`crate::quant::gpu::repack_rows`) and written with `queue.write_buffer` at their place. The
+//! heap holds the header, at most `staging` bytes of rows and one partial row: never the model.
+
+mod plan;
+
+pub use plan::{plan, MemoryPlan, PlannedTensor};
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::gguf::{Event, GgufError, GgufHeader, GgufParser, TensorInfo};
+use crate::gpu::{GpuContext, GpuTensor, TensorPart};
+use crate::quant::gpu::repack_rows;
+
+/// Where a load is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Phase {
+    Header,
+    Weights,
+    Done,
+}
+
+/// Progress of a load, for `onProgress` and the CLI.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    pub phase: Phase,
+    pub loaded_bytes: u64,
+    pub total_bytes: Option<u64>,
+    pub tensors_loaded: usize,
+    pub tensors_total: usize,
+}
+
+/// A model's weights on the GPU, by tensor name, with its header and the plan it was loaded by.
+pub struct LoadedModel {
+    pub header: Arc<GgufHeader>,
+    pub tensors: HashMap<String, GpuTensor>,
+    pub plan: MemoryPlan,
+}
+
+impl LoadedModel {
+    pub fn tensor(&self, name: &str) -> Result<&GpuTensor> {
+        self.tensors.get(name).ok_or_else(|| Error::new(ErrorCode::BadGguf, format!("the model has no tensor {name}")))
+    }
+
+    /// Destroy every GPU buffer now (dropping does too, later).
+    pub fn destroy(&mut self) {
+        for t in self.tensors.values() {
+            for p in &t.parts {
+                p.buffer.destroy();
+            }
+        }
+        self.tensors.clear();
+    }
+}
+
+/// The default staging area: rows are buffered up to this many bytes before a GPU write.
+pub const DEFAULT_STAGING: usize = 4 << 20;
+
+/// Natively, flush queued writes to the GPU every this many bytes, so wgpu's own staging copies
+/// stay bounded too.
+const SUBMIT_EVERY: u64 = 64 << 20;
+
+/// The tensor currently receiving bytes.
+struct Current {
+    index: usize,
+    /// GGUF bytes of rows not yet written (whole rows plus at most one partial row).
+    pending: Vec<u8>,
+    /// Next row to write.
+    next_row: u64,
+}
+
+pub struct StreamLoader<'a> {
+    ctx: &'a GpuContext,
+    parser: GgufParser,
+    staging: usize,
+    max_binding: u64,
+    total: Option<u64>,
+    header: Option<Arc<GgufHeader>>,
+    plan: Option<MemoryPlan>,
+    tensors: HashMap<String, GpuTensor>,
+    current: Option<Current>,
+    repacked: Vec<u8>,
+    loaded_bytes: u64,
+    tensors_loaded: usize,
+    since_submit: u64,
+    peak_buffered: usize,
+}
+
+impl<'a> StreamLoader<'a> {
+    /// A loader onto `ctx`; `total_size` (from Content-Length or the file) enables the range checks.
+    pub fn new(ctx: &'a GpuContext, total_size: Option<u64>) -> Self {
+        let mut parser = GgufParser::new();
+        if let Some(t) = total_size {
+            parser = parser.with_total_size(t);
+        }
+        StreamLoader {
+            ctx,
+            parser,
+            staging: DEFAULT_STAGING,
+            max_binding: ctx.limits.max_binding(),
+            total: total_size,
+            header: None,
+            plan: None,
+            tensors: HashMap::new(),
+            current: None,
+            repacked: Vec::new(),
+            loaded_bytes: 0,
+            tensors_loaded: 0,
+            since_submit: 0,
+            peak_buffered: 0,
+        }
+    }
+
+    /// Staging area size (at least one row is always held).
+    pub fn with_staging(mut self, bytes: usize) -> Self {
+        self.staging = bytes.max(1);
+        self
+    }
+
+    /// Split tensors at `bytes` instead of the device's binding limit (tests of the split path).
+    pub fn with_max_binding(mut self, bytes: u64) -> Self {
+        self.max_binding = bytes.min(self.ctx.limits.max_binding()).max(4);
+        self
+    }
+
+    pub fn progress(&self) -> Progress {
+        Progress {
+            phase: if self.header.is_none() {
+                Phase::Header
+            } else if self.parser.is_complete() {
+                Phase::Done
+            } else {
+                Phase::Weights
+            },
+            loaded_bytes: self.loaded_bytes,
+            total_bytes: self.total,
+            tensors_loaded: self.tensors_loaded,
+            tensors_total: self.header.as_ref().map_or(0, |h| h.tensors().len()),
+        }
+    }
+
+    /// The most bytes the staging area held at once (for the bounded-heap checks).
+    pub fn peak_staging(&self) -> usize {
+        self.peak_buffered
+    }
+
+    pub fn header(&self) -> Option<&Arc<GgufHeader>> {
+        self.header.as_ref()
+    }
+
+    /// Feed the next chunk of the file.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<()> {
+        self.loaded_bytes += chunk.len() as u64;
+        let mut parser = std::mem::take(&mut self.parser);
+        let mut failure: Option<Error> = None;
+        let r = parser.push(chunk, &mut |ev| {
+            let step = match ev {
+                Event::Header(h) => self.on_header(h),
+                Event::TensorData { tensor, bytes, .. } => self.on_data(tensor, bytes),
+                Event::TensorDone { tensor } => self.on_done(tensor),
+            };
+            step.map_err(|e| {
+                let msg = e.message.clone();
+                failure = Some(e);
+                GgufError::Aborted(msg)
+            })
+        });
+        self.parser = parser;
+        match (r, failure) {
+            (_, Some(e)) => Err(e),
+            (Err(e), None) => Err(gguf_error(e)),
+            (Ok(()), None) => Ok(()),
+        }
+    }
+
+    /// End of input: every tensor must have arrived.
+    pub fn finish(mut self) -> Result<LoadedModel> {
+        self.parser.finish().map_err(gguf_error)?;
+        self.ctx.queue.submit([]);
+        self.ctx.check_errors()?;
+        let header = self.header.take().ok_or_else(|| Error::new(ErrorCode::BadGguf, "no GGUF header in the input"))?;
+        Ok(LoadedModel { header, tensors: std::mem::take(&mut self.tensors), plan: self.plan.take().unwrap_or_default() })
+    }
+
+    fn on_header(&mut self, h: Arc<GgufHeader>) -> Result<()> {
+        let plan = plan(&h, self.max_binding)?;
+        for pt in &plan.tensors {
+            let mut parts = Vec::with_capacity(pt.parts.len());
+            for (i, &(row_start, rows)) in pt.parts.iter().enumerate() {
+                let label = if pt.parts.len() > 1 { format!("{}[{i}]", pt.name) } else { pt.name.clone() };
+                let buffer = self.ctx.empty_storage(&label, rows * pt.row_bytes)?;
+                parts.push(TensorPart { buffer, row_start, rows });
+            }
+            self.tensors.insert(
+                pt.name.clone(),
+                GpuTensor { name: pt.name.clone(), ty: pt.ty, cols: pt.cols, rows: pt.rows, row_bytes: pt.row_bytes, parts },
+            );
+        }
+        self.plan = Some(plan);
+        self.header = Some(h);
+        Ok(())
+    }
+
+    fn info(&self, index: usize) -> Result<&TensorInfo> {
+        self.header.as_ref().and_then(|h| h.tensors().get(index)).ok_or_else(|| Error::internal("tensor data before header"))
+    }
+
+    fn on_data(&mut self, index: usize, mut bytes: &[u8]) -> Result<()> {
+        if self.current.as_ref().map(|c| c.index) != Some(index) {
+            self.current = Some(Current { index, pending: Vec::new(), next_row: 0 });
+        }
+        let info = self.info(index)?.clone();
+        let src_row = info.ty.row_bytes(info.dims[0]).ok_or_else(|| Error::internal("row size"))? as usize;
+        let batch_rows = (self.staging / src_row.max(1)).max(1);
+        let batch = batch_rows * src_row;
+        while !bytes.is_empty() {
+            let cur = self.current.as_mut().expect("set above");
+            let take = (batch - cur.pending.len()).min(bytes.len());
+            cur.pending.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            self.peak_buffered = self.peak_buffered.max(cur.pending.len());
+            if cur.pending.len() >= batch {
+                self.flush(&info, src_row)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn on_done(&mut self, index: usize) -> Result<()> {
+        let info = self.info(index)?.clone();
+        let src_row = info.ty.row_bytes(info.dims[0]).ok_or_else(|| Error::internal("row size"))? as usize;
+        if self.current.as_ref().map(|c| c.index) == Some(index) {
+            self.flush(&info, src_row)?;
+            let cur = self.current.take().expect("checked");
+            if !cur.pending.is_empty() || cur.next_row != info.n_rows() {
+                return Err(Error::new(ErrorCode::BadGguf, format!("tensor {} ended mid-row", info.name)));
+            }
+        }
+        self.tensors_loaded += 1;
+        Ok(())
+    }
+
+    /// Repack and write every whole row in `pending`.
+    fn flush(&mut self, info: &TensorInfo, src_row: usize) -> Result<()> {
+        let cur = self.current.as_mut().expect("flush with a current tensor");
+        let whole = cur.pending.len() / src_row.max(1);
+        if whole == 0 {
+            return Ok(());
+        }
+        let tensor = self.tensors.get(&info.name).ok_or_else(|| Error::internal("tensor not planned"))?;
+        let mut row = cur.next_row;
+        let mut done = 0usize;
+        while done < whole {
+            let (part, local) = tensor.locate(row).ok_or_else(|| Error::internal("row outside the tensor"))?;
+            let n = ((part.rows - local) as usize).min(whole - done);
+            self.repacked.clear();
+            repack_rows(info.ty, info.dims[0], &cur.pending[done * src_row..(done + n) * src_row], &mut self.repacked)?;
+            self.ctx.queue.write_buffer(&part.buffer, local * tensor.row_bytes, &self.repacked);
+            self.since_submit += self.repacked.len() as u64;
+            done += n;
+            row += n as u64;
+        }
+        cur.pending.drain(..whole * src_row);
+        cur.next_row = row;
+        if self.since_submit >= SUBMIT_EVERY {
+            self.ctx.queue.submit([]);
+            self.since_submit = 0;
+        }
+        Ok(())
+    }
+}
+
+/// GGUF errors as engine errors: an unsupported tensor type is `UNSUPPORTED_QUANT`, the rest
+/// `BAD_GGUF`.
+pub fn gguf_error(e: GgufError) -> Error {
+    match e {
+        GgufError::UnsupportedTensorType { .. } => Error::new(ErrorCode::UnsupportedQuant, e.to_string()),
+        other => Error::new(ErrorCode::BadGguf, format!("malformed GGUF: {other}")),
+    }
+}
+
+/// Natively: load a file from disk in 1 MiB reads.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn load_file(ctx: &GpuContext, path: &std::path::Path) -> Result<LoadedModel> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| Error::invalid(format!("cannot open {}: {e}", path.display())))?;
+    let size = f.metadata().map(|m| m.len()).ok();
+    let mut loader = StreamLoader::new(ctx, size);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| Error::invalid(format!("reading {}: {e}", path.display())))?;
+        if n == 0 {
+            break;
+        }
+        loader.push(&buf[..n])?;
+    }
+    loader.finish()
+}
