@@ -7,6 +7,7 @@
 pub const FILES: &[(&str, &str)] = &[
     ("common_decls.tmpl", include_str!("../../shaders/common_decls.tmpl")),
     ("kv_shift.wgsl", include_str!("../../shaders/kv_shift.wgsl")),
+    ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
 ];
 
 /// The source of a shader or template by file name.

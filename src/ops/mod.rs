@@ -2,6 +2,7 @@
 //! encode function and the list of variants the naga test compiles.
 
 pub mod kv_shift;
+pub mod matmul;
 
 /// A `#[repr(C)]` params struct that a WGSL struct of the same name mirrors.
 ///
@@ -25,6 +26,7 @@ pub struct Variant {
 pub fn all_variants() -> Vec<Variant> {
     let mut v = Vec::new();
     v.extend(kv_shift::variants());
+    v.extend(matmul::variants());
     v
 }
 
@@ -33,5 +35,5 @@ pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usiz
     fn entry<T: WgslParams>() -> (&'static str, &'static [(&'static str, usize)], usize, &'static str) {
         (T::WGSL_NAME, T::FIELDS, std::mem::size_of::<T>(), T::SHADER)
     }
-    vec![entry::<kv_shift::KvShiftParams>()]
+    vec![entry::<kv_shift::KvShiftParams>(), entry::<matmul::MatmulParams>()]
 }

@@ -13,6 +13,7 @@
 //! block), [`kquants`] (Q4_K, Q5_K, Q6_K; 256 values per super-block).
 
 pub mod float;
+pub mod gpu;
 pub mod kquants;
 pub mod legacy;
 

@@ -1,0 +1,165 @@
+//! GEMV and GEMM on the GPU against the CPU reference (`quant::dequantize`, then f64 dot
+//! products), for every GPU quant type, every kernel shape and awkward sizes: one row, row
+//! counts that no workgroup divides, the smallest K (one block) and a large one, 1, 3 and 17
+//! tokens, and a tensor split into 3 parts. Runs natively and in headless Chrome.
+
+mod common;
+
+use cera_web::gguf::GgmlType;
+use cera_web::gpu::readback::read_f32;
+use cera_web::gpu::{GpuContext, GpuTensor};
+use cera_web::ops::matmul::{self, MatmulConfig};
+use cera_web::quant::dequantize_to_vec;
+use cera_web::quant::gpu::{synthetic_rows, upload_tensor};
+use common::Rng;
+
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
+
+/// The one tolerance table: max |gpu - reference| / sum_c |W[r, c] X[t, c]| over all outputs.
+/// The reference uses the CPU's f32 weights, so this only measures the f32 accumulation (and
+/// the GPU's freedom to fuse `d * q + m` into an FMA).
+const TOLERANCE: &[(GgmlType, f64)] = &[
+    (GgmlType::F32, 1e-6),
+    (GgmlType::F16, 1e-6),
+    (GgmlType::BF16, 1e-6),
+    (GgmlType::Q8_0, 1e-6),
+    (GgmlType::Q4_0, 1e-6),
+    (GgmlType::Q4_1, 1e-6),
+    (GgmlType::Q5_0, 1e-6),
+    (GgmlType::Q5_1, 1e-6),
+    (GgmlType::Q4K, 1e-6),
+    (GgmlType::Q5K, 1e-6),
+    (GgmlType::Q6K, 1e-6),
+];
+
+fn tolerance(ty: GgmlType) -> f64 {
+    TOLERANCE.iter().find(|(t, _)| *t == ty).map(|(_, v)| *v).expect("every type has a tolerance")
+}
+
+/// Every kernel shape tested on every adapter: thread-per-row (the CPU-adapter decision) and
+/// cooperative (the GPU decision), GEMV and GEMM, plus a small odd one (3 tokens per thread).
+const SHAPES: [MatmulConfig; 5] = [
+    MatmulConfig::simple(1),
+    MatmulConfig::simple(8),
+    MatmulConfig::cooperative(256, 8, 1),
+    MatmulConfig::cooperative(256, 8, 8),
+    MatmulConfig::cooperative(64, 4, 3),
+];
+
+/// Elements before X and between Y regions, so offsets are exercised.
+const X_OFF: u64 = 5;
+const Y_GAP: u64 = 3;
+
+/// Run every shape (and the public `gemv`/`gemm` entry points) on `w` and return, per run,
+/// `Y` as `(n_tokens, rows)`.
+async fn run_all(ctx: &GpuContext, w: &GpuTensor, xs: &[f32], n_tokens: u32) -> Vec<Vec<f32>> {
+    let x = ctx.storage_buffer("x", bytemuck::cast_slice(xs));
+    let region = n_tokens as u64 * w.rows + Y_GAP;
+    let runs = SHAPES.len() as u64 + 1;
+    let y = ctx.empty_storage("y", region * runs * 4).unwrap();
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    for (i, cfg) in SHAPES.iter().enumerate() {
+        matmul::matmul(ctx, &mut enc, *cfg, w, &x, X_OFF, &y, Y_GAP + i as u64 * region, n_tokens).unwrap();
+    }
+    let last = Y_GAP + SHAPES.len() as u64 * region;
+    if n_tokens == 1 {
+        matmul::gemv(ctx, &mut enc, w, &x, X_OFF, &y, last).unwrap();
+    } else {
+        matmul::gemm(ctx, &mut enc, w, &x, X_OFF, &y, last, n_tokens).unwrap();
+    }
+    ctx.queue.submit([enc.finish()]);
+    let all = read_f32(ctx, &y, 0, (region * runs) as usize).await.unwrap();
+    (0..runs as usize)
+        .map(|i| {
+            let s = Y_GAP as usize + i * region as usize;
+            all[s..s + (n_tokens as u64 * w.rows) as usize].to_vec()
+        })
+        .collect()
+}
+
+/// Compare every run with the f64 reference; returns the worst relative error seen.
+fn check(ty: GgmlType, what: &str, wf: &[f32], xs: &[f32], rows: u64, cols: u64, n_tokens: u32, got: &[Vec<f32>]) -> f64 {
+    let (rows, cols) = (rows as usize, cols as usize);
+    let mut worst = 0.0f64;
+    for t in 0..n_tokens as usize {
+        let xt = &xs[X_OFF as usize + t * cols..X_OFF as usize + (t + 1) * cols];
+        for r in 0..rows {
+            let wr = &wf[r * cols..(r + 1) * cols];
+            let want: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let scale: f64 = wr.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum::<f64>().max(1e-30);
+            for (i, run) in got.iter().enumerate() {
+                let v = run[t * rows + r] as f64;
+                let err = (v - want).abs() / scale;
+                assert!(
+                    err <= tolerance(ty),
+                    "{ty} {what} run {i} ({:?}): Y[{t}, {r}] = {v}, want {want} (rel err {err:e} > {:e})",
+                    SHAPES.get(i),
+                    tolerance(ty)
+                );
+                worst = worst.max(err);
+            }
+        }
+    }
+    worst
+}
+
+async fn check_type(ty: GgmlType) {
+    let ctx = common::context().await;
+    let be = ty.block_elems();
+    let float = be == 1;
+    // (rows, cols): one row of one block; a large K with rows no workgroup divides; more rows.
+    let cases: [(u64, u64); 3] = if float { [(1, 1), (37, 4099), (67, 13)] } else { [(1, be), (37, 4096), (67, 3 * be)] };
+    let mut rng = Rng::new(ty.id() as u64 + 1);
+    let mut worst = 0.0f64;
+    for (ci, &(rows, cols)) in cases.iter().enumerate() {
+        let bytes = synthetic_rows(ty, cols, rows, 100 + ci as u64);
+        let wf = dequantize_to_vec(ty, &bytes).unwrap();
+        let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
+        for n_tokens in [1u32, 3, 17] {
+            let xs = rng.vec((X_OFF + n_tokens as u64 * cols) as usize);
+            let got = run_all(&ctx, &w, &xs, n_tokens).await;
+            let what = format!("{rows}x{cols} tokens {n_tokens}");
+            worst = worst.max(check(ty, &what, &wf, &xs, rows, cols, n_tokens, &got));
+        }
+    }
+
+    // A tensor split into 3 parts by a small binding limit equals the unsplit one bit for bit.
+    let (rows, cols) = (45u64, if float { 10 } else { 2 * be });
+    let bytes = synthetic_rows(ty, cols, rows, 999);
+    let wf = dequantize_to_vec(ty, &bytes).unwrap();
+    let whole = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
+    let row_bytes = whole.row_bytes;
+    let split = upload_tensor(&ctx, "w split", ty, cols, rows, &bytes, 15 * row_bytes + 4).unwrap();
+    assert_eq!(whole.parts.len(), 1);
+    assert_eq!(split.parts.len(), 3, "{ty}: the split plan");
+    for n_tokens in [1u32, 17] {
+        let xs = rng.vec((X_OFF + n_tokens as u64 * cols) as usize);
+        let a = run_all(&ctx, &whole, &xs, n_tokens).await;
+        let b = run_all(&ctx, &split, &xs, n_tokens).await;
+        assert_eq!(a, b, "{ty}: split and unsplit differ ({n_tokens} tokens)");
+        worst = worst.max(check(ty, "split", &wf, &xs, rows, cols, n_tokens, &b));
+    }
+    tlog!("{ty}: worst relative error {worst:.2e} (tolerance {:.0e}), adapter {:?}", tolerance(ty), ctx.adapter.name);
+}
+
+gpu_test!(matmul_f32, check_type(GgmlType::F32));
+gpu_test!(matmul_f16, check_type(GgmlType::F16));
+gpu_test!(matmul_bf16, check_type(GgmlType::BF16));
+gpu_test!(matmul_q8_0, check_type(GgmlType::Q8_0));
+gpu_test!(matmul_q4_0, check_type(GgmlType::Q4_0));
+gpu_test!(matmul_q4_1, check_type(GgmlType::Q4_1));
+gpu_test!(matmul_q5_0, check_type(GgmlType::Q5_0));
+gpu_test!(matmul_q5_1, check_type(GgmlType::Q5_1));
+gpu_test!(matmul_q4_k, check_type(GgmlType::Q4K));
+gpu_test!(matmul_q5_k, check_type(GgmlType::Q5K));
+gpu_test!(matmul_q6_k, check_type(GgmlType::Q6K));
+
+// An unsupported type is refused with a code, not a panic.
+gpu_test!(matmul_rejects_unsupported_types, async {
+    let ctx = common::context().await;
+    let Err(e) = upload_tensor(&ctx, "w", GgmlType::Q2K, 256, 1, &[0u8; 84], ctx.limits.max_binding()) else {
+        panic!("q2_K was accepted")
+    };
+    assert_eq!(e.code, cera_web::ErrorCode::UnsupportedQuant);
+});
