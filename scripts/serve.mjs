@@ -42,8 +42,21 @@ function resolvePath(urlPath) {
   return null;
 }
 
+const cors = {
+  // Tests run on another localhost origin (the wasm test runner's page) and fetch models here.
+  'access-control-allow-origin': '*',
+  'access-control-allow-headers': 'range',
+  'access-control-expose-headers': 'content-length, content-range, accept-ranges',
+  'cross-origin-resource-policy': 'cross-origin',
+};
+
 const server = createServer((req, res) => {
   const url = new URL(req.url, 'http://localhost');
+  if (req.method === 'OPTIONS') {
+    res.writeHead(204, cors);
+    res.end();
+    return;
+  }
   let file = resolvePath(url.pathname);
   let st;
   try {
@@ -56,11 +69,12 @@ const server = createServer((req, res) => {
     st = null;
   }
   if (!st) {
-    res.writeHead(404, { 'content-type': 'text/plain' });
+    res.writeHead(404, { ...cors, 'content-type': 'text/plain' });
     res.end(`not found: ${url.pathname}\n`);
     return;
   }
   const headers = {
+    ...cors,
     'content-type': types[extname(file)] || 'application/octet-stream',
     'accept-ranges': 'bytes',
     'cache-control': 'no-cache',
@@ -79,7 +93,7 @@ const server = createServer((req, res) => {
       if (range[2] !== '') end = Math.min(end, Number(range[2]));
     }
     if (start > end || start >= st.size) {
-      res.writeHead(416, { 'content-range': `bytes */${st.size}` });
+      res.writeHead(416, { ...cors, 'content-range': `bytes */${st.size}` });
       res.end();
       return;
     }
