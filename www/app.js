@@ -14,7 +14,7 @@ function fill(dl, entries) {
   }
 }
 
-const mib = (b) => (b >= 1 << 20 ? `${(b / (1 << 20)).toFixed(0)} MiB` : `${b} B`);
+const mib = (b) => (b >= 1 << 20 ? `${(b / (1 << 20)).toFixed(0)} MiB` : b >= 1 << 10 ? `${(b / 1024).toFixed(0)} KiB` : `${b} B`);
 
 async function adapterInfo() {
   const adapter = await navigator.gpu.requestAdapter({ powerPreference: 'high-performance' });
