@@ -18,13 +18,22 @@
 //! | Q4_K, Q5_K | the GGUF blocks as-is (144 and 176 bytes: every field already word-aligned) |
 //! | Q6_K | each 210-byte GGUF block plus 2 zero bytes (212: `d` lands in the low half of word 52) |
 //!
-//! Why split scales from quants in the legacy types instead of reading GGUF bytes with unaligned
-//! loads: measured on lavapipe (Mesa 22.3, 2 CPU cores), GEMV Q8_0 262144 x 640 (the real
-//! model's output head, 178 MB), thread-per-row kernel, 5 iterations each:
-//!   - raw GGUF bytes, unaligned-u32 helper (two loads + funnel shift per word): TODO GB/s
-//!   - this split layout (aligned words, one load per word):                     TODO GB/s
-//! The split layout adds no bytes for Q8_0/Q4_1/Q5_1 (it moves them) and 2 bytes per row at
-//! most for the others; padding each block to a word would have added 6-11 % more bytes to read.
+//! Why split scales from quants in the legacy types instead of reading the GGUF bytes with an
+//! unaligned-u32 helper (two loads and a funnel shift per word): measured on lavapipe (Mesa
+//! 22.3 llvmpipe, 2 CPU cores, load average under 1), GEMV Q8_0 262144 x 640 (the real model's
+//! output head, 178 MB), 8 GEMVs per sample, 3 samples alternating, GB/s of weights:
+//!
+//! | kernel shape | raw GGUF, unaligned reads | this split layout |
+//! | --- | --- | --- |
+//! | thread per row, WG 64 | 0.604, 0.595, 0.602 | 0.643, 0.639, 0.644 |
+//! | 4 threads per row, WG 256 | 0.588, 0.573, 0.587 | 0.635, 0.620, 0.627 |
+//! | 8 threads per row, WG 256 | 0.533, 0.537, 0.563 | 0.577, 0.585, 0.582 |
+//!
+//! The split layout is 4-8 % faster in every pair (a run under load average 3-4 showed the same
+//! order, 0.21-0.28 vs 0.27-0.30), and on a real GPU it is what allows plain aligned, coalesced
+//! word loads. It adds no bytes for Q8_0/Q4_1/Q5_1 (it moves them) and at most 2 bytes per row
+//! for the others; padding each block to a word instead would read 6-11 % more bytes. (The raw
+//! variant was a `TYPE_Q8_0_RAW` branch of `matmul.wgsl`, removed after the measurement.)
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::gguf::GgmlType;
