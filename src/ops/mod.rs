@@ -1,8 +1,11 @@
 //! GPU kernels: one file per kernel family, each holding its params struct, pipeline key,
 //! encode function and the list of variants the naga test compiles.
 
+pub mod argmax;
 pub mod kv_shift;
 pub mod matmul;
+pub mod penalty;
+pub mod topk;
 
 /// A `#[repr(C)]` params struct that a WGSL struct of the same name mirrors.
 ///
@@ -27,6 +30,9 @@ pub fn all_variants() -> Vec<Variant> {
     let mut v = Vec::new();
     v.extend(kv_shift::variants());
     v.extend(matmul::variants());
+    v.extend(argmax::variants());
+    v.extend(topk::variants());
+    v.extend(penalty::variants());
     v
 }
 
@@ -35,5 +41,7 @@ pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usiz
     fn entry<T: WgslParams>() -> (&'static str, &'static [(&'static str, usize)], usize, &'static str) {
         (T::WGSL_NAME, T::FIELDS, std::mem::size_of::<T>(), T::SHADER)
     }
-    vec![entry::<kv_shift::KvShiftParams>(), entry::<matmul::MatmulParams>()]
+    let mut v = vec![entry::<kv_shift::KvShiftParams>(), entry::<matmul::MatmulParams>()];
+    v.extend([entry::<argmax::ArgmaxParams>(), entry::<topk::TopkParams>(), entry::<penalty::PenaltyParams>()]);
+    v
 }
