@@ -12,6 +12,7 @@
 //! - `web` (wasm32 only): the JS class and functions.
 
 pub mod error;
+pub mod generate;
 pub mod gguf;
 pub mod gpu;
 pub mod kv;

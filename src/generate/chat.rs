@@ -1,0 +1,1 @@
+//! Chat templates (placeholder, filled in below).

@@ -1,0 +1,7 @@
+//! Generation: what turns logits into tokens and messages into prompts.
+//!
+//! - [`sampler`]: llama.cpp's sampler chain, with the GPU doing the vocabulary-wide work.
+//! - [`chat`]: chat templates (the GGUF's Jinja template, or a built-in one per architecture).
+
+pub mod chat;
+pub mod sampler;
