@@ -304,3 +304,35 @@ pub fn load_file(ctx: &GpuContext, path: &std::path::Path) -> Result<LoadedModel
     }
     loader.finish()
 }
+
+/// Natively: read only the header of a GGUF file (the parser stops at the first tensor byte).
+/// Returns the header and the file size.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn read_header_file(path: &std::path::Path) -> Result<(Arc<GgufHeader>, u64)> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| Error::invalid(format!("cannot open {}: {e}", path.display())))?;
+    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut parser = GgufParser::new().with_total_size(size);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut header = None;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| Error::invalid(format!("reading {}: {e}", path.display())))?;
+        if n == 0 {
+            parser.finish().map_err(gguf_error)?;
+            break;
+        }
+        let r = parser.push(&buf[..n], &mut |ev| match ev {
+            Event::Header(h) => {
+                header = Some(h);
+                Err(GgufError::Aborted("header read".into()))
+            }
+            _ => Ok(()),
+        });
+        if header.is_some() {
+            break;
+        }
+        r.map_err(gguf_error)?;
+    }
+    let h = header.ok_or_else(|| Error::new(ErrorCode::BadGguf, format!("{}: no GGUF header", path.display())))?;
+    Ok((h, size))
+}

@@ -1,42 +1,12 @@
 //! `cera inspect MODEL.gguf`: what is in a GGUF file and how it would sit on this GPU.
 //! Reads only the header (the parser stops at the first tensor byte).
 
-use std::io::Read;
 use std::path::Path;
-use std::sync::Arc;
 
-use cera_web::gguf::{Event, GgufError, GgufHeader, GgufParser, MetaValue};
+use cera_web::gguf::MetaValue;
 use cera_web::gpu::GpuContext;
-use cera_web::loader::{gguf_error, plan};
+use cera_web::loader::plan;
 use cera_web::Error;
-
-fn read_header(path: &Path) -> Result<(Arc<GgufHeader>, u64), Error> {
-    let mut f = std::fs::File::open(path).map_err(|e| Error::invalid(format!("cannot open {}: {e}", path.display())))?;
-    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut parser = GgufParser::new().with_total_size(size);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut header = None;
-    loop {
-        let n = f.read(&mut buf).map_err(|e| Error::invalid(format!("reading {}: {e}", path.display())))?;
-        if n == 0 {
-            parser.finish().map_err(gguf_error)?;
-            break;
-        }
-        let r = parser.push(&buf[..n], &mut |ev| match ev {
-            Event::Header(h) => {
-                header = Some(h);
-                Err(GgufError::Aborted("header read".into()))
-            }
-            _ => Ok(()),
-        });
-        if header.is_some() {
-            break;
-        }
-        r.map_err(gguf_error)?;
-    }
-    let h = header.ok_or_else(|| Error::new(cera_web::ErrorCode::BadGguf, "no GGUF header"))?;
-    Ok((h, size))
-}
 
 fn short(v: &MetaValue) -> String {
     let s = format!("{v:?}");
@@ -52,7 +22,7 @@ fn mb(b: u64) -> String {
 }
 
 pub fn run(path: &Path, json: bool) -> Result<(), Error> {
-    let (h, size) = read_header(path)?;
+    let (h, size) = cera_web::loader::read_header_file(path)?;
     let ctx = GpuContext::new_blocking(&Default::default())?;
     let p = plan(&h, ctx.limits.max_binding())?;
     if json {
