@@ -197,6 +197,9 @@ def write_gguf(path: Path, name: str, cfg: dict, shape: str, qtype, file_type: i
 
 def llama_quantize(src: Path, dst: Path, ftype: int) -> None:
     import llama_cpp
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from logits_common import quiet_llama
+    quiet_llama()
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = 1
     params.ftype = ftype
@@ -244,7 +247,8 @@ def main() -> None:
     args = ap.parse_args()
     names = args.only or list(ARCHS)
     manifest = build(names)
-    (OUT / "synthetic-models.json").write_text(json.dumps(manifest, indent=1) + "\n") if not args.only else None
+    if not args.only:  # the manifest lists every model; a partial rebuild leaves it alone
+        (OUT / "synthetic-models.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 if __name__ == "__main__":
