@@ -1,1 +1,394 @@
-//! Chat templates (placeholder, filled in below).
+//! Chat templates: messages -> the prompt text a model was trained on (DESIGN.md decision 11).
+//!
+//! The GGUF's `tokenizer.chat_template` is Jinja (Hugging Face's `apply_chat_template`); we render
+//! it with minijinja configured like transformers (`trim_blocks`, `lstrip_blocks`, no trailing
+//! newline kept) plus minijinja-contrib's Python string/dict methods (`.strip()`, `.items()`...).
+//! The context holds `messages`, `add_generation_prompt`, `bos_token`, `eos_token` and the
+//! `raise_exception(msg)` function. `strftime_now` is not defined, so templates that test for it
+//! take their fixed fallback date (Llama 3.x: "26 Jul 2024"): same output natively and in wasm.
+//!
+//! When the file has no template (the Gemma 3 270M file has none), a built-in one is chosen by
+//! architecture ([`Builtin::detect`]). Built-ins produce exactly what llama.cpp's built-in
+//! templates (`llm_chat_apply_template`) produce: no BOS (the tokenizer adds it), Gemma's system
+//! message folded into the first user turn.
+//!
+//! A file's template may start with `bos_token` while the tokenizer also adds BOS; llama.cpp
+//! drops one of them, and [`strip_leading_bos`] does the same for the caller that tokenizes with
+//! `add_bos`.
+
+use crate::error::{Error, ErrorCode, Result};
+
+/// One message of a conversation. `role` is `system`, `user` or `assistant` (templates may
+/// accept others, e.g. `tool`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage { role: role.into(), content: content.into() }
+    }
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new("system", content)
+    }
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new("user", content)
+    }
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new("assistant", content)
+    }
+
+    /// The `{role, content}` map a template sees.
+    fn to_value(&self) -> minijinja::Value {
+        minijinja::Value::from_pairs([("role", self.role.as_str()), ("content", self.content.as_str())])
+    }
+}
+
+/// The built-in templates, for files without `tokenizer.chat_template`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Builtin {
+    /// `<start_of_turn>user\n{content}<end_of_turn>\n<start_of_turn>model\n`; system folded into
+    /// the next user turn; `assistant` is `model`.
+    Gemma,
+    /// `<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>`.
+    Llama3,
+    /// `<|im_start|>{role}\n{content}<|im_end|>\n` (Qwen 2 / 3).
+    ChatMl,
+    /// `[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]{assistant}</s><s>[INST] ...`
+    /// (llama.cpp's `llama2-sys-bos`; also used for Mistral files without a template).
+    Llama2,
+    /// `<|start_of_role|>{role}<|end_of_role|>{content}<|end_of_text|>\n` (IBM Granite).
+    Granite,
+}
+
+impl Builtin {
+    /// The built-in for a GGUF `general.architecture`. `has_token` tells whether the vocabulary
+    /// holds a token text: it separates Llama 3 from Llama 2 / Mistral, which share `llama`.
+    pub fn detect(arch: &str, has_token: &dyn Fn(&str) -> bool) -> Option<Builtin> {
+        match arch {
+            "gemma" | "gemma2" | "gemma3" | "gemma3n" => Some(Builtin::Gemma),
+            "qwen2" | "qwen3" | "qwen2moe" | "qwen3moe" => Some(Builtin::ChatMl),
+            "granite" | "granitemoe" => Some(Builtin::Granite),
+            "llama" if has_token("<|start_header_id|>") => Some(Builtin::Llama3),
+            "llama" => Some(Builtin::Llama2),
+            _ if has_token("<|im_start|>") => Some(Builtin::ChatMl),
+            _ => None,
+        }
+    }
+
+    /// By llama.cpp's template names (`--chat-template NAME`), for an explicit override.
+    pub fn from_name(name: &str) -> Option<Builtin> {
+        Some(match name {
+            "gemma" => Builtin::Gemma,
+            "llama3" => Builtin::Llama3,
+            "chatml" => Builtin::ChatMl,
+            "llama2" | "llama2-sys-bos" | "mistral" => Builtin::Llama2,
+            "granite" => Builtin::Granite,
+            _ => return None,
+        })
+    }
+
+    /// The Jinja source (rendered by the same engine as a file's template).
+    pub fn source(self) -> &'static str {
+        match self {
+            Builtin::Gemma => {
+                r#"{%- set ns = namespace(system='') -%}
+{%- for message in messages -%}
+  {%- if message.role == 'system' -%}
+    {%- set ns.system = ns.system + message.content | trim -%}
+  {%- else -%}
+    {%- set role = 'model' if message.role == 'assistant' else message.role -%}
+    {{- '<start_of_turn>' + role + '\n' -}}
+    {%- if ns.system and role != 'model' -%}
+      {{- ns.system + '\n\n' -}}
+      {%- set ns.system = '' -%}
+    {%- endif -%}
+    {{- message.content | trim + '<end_of_turn>\n' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"#
+            }
+            Builtin::Llama3 => {
+                r#"{%- for message in messages -%}
+{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\n\n' + message.content | trim + '<|eot_id|>' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}{%- endif -%}"#
+            }
+            Builtin::ChatMl => {
+                r#"{%- for message in messages -%}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"#
+            }
+            Builtin::Llama2 => {
+                r#"{%- set ns = namespace(inside=true) -%}
+{{- '[INST] ' -}}
+{%- for message in messages -%}
+  {%- if not ns.inside -%}
+    {%- set ns.inside = true -%}
+    {{- bos_token + '[INST] ' -}}
+  {%- endif -%}
+  {%- if message.role == 'system' -%}
+    {{- '<<SYS>>\n' + message.content + '\n<</SYS>>\n\n' -}}
+  {%- elif message.role == 'user' -%}
+    {{- message.content + ' [/INST]' -}}
+  {%- else -%}
+    {{- message.content + eos_token -}}
+    {%- set ns.inside = false -%}
+  {%- endif -%}
+{%- endfor -%}"#
+            }
+            Builtin::Granite => {
+                r#"{%- for message in messages -%}
+{{- '<|start_of_role|>' + message.role + '<|end_of_role|>' + message.content + '<|end_of_text|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|start_of_role|>assistant<|end_of_role|>' -}}{%- endif -%}"#
+            }
+        }
+    }
+}
+
+/// A chat template ready to render: its Jinja source and the special token texts it may use.
+#[derive(Clone, Debug)]
+pub struct ChatTemplate {
+    pub source: String,
+    pub bos_token: String,
+    pub eos_token: String,
+    /// `Some` when this is a built-in.
+    pub builtin: Option<Builtin>,
+}
+
+impl ChatTemplate {
+    /// A template from Jinja source (checked now, so a broken file fails at load, not at chat).
+    pub fn new(source: impl Into<String>, bos_token: impl Into<String>, eos_token: impl Into<String>) -> Result<Self> {
+        let t = ChatTemplate { source: source.into(), bos_token: bos_token.into(), eos_token: eos_token.into(), builtin: None };
+        let env = environment();
+        env.template_from_str(&t.source).map_err(|e| {
+            Error::new(ErrorCode::BadGguf, format!("the model's chat template does not parse: {}", describe(&e)))
+        })?;
+        Ok(t)
+    }
+
+    pub fn builtin(b: Builtin, bos_token: impl Into<String>, eos_token: impl Into<String>) -> Self {
+        ChatTemplate { source: b.source().to_string(), bos_token: bos_token.into(), eos_token: eos_token.into(), builtin: Some(b) }
+    }
+
+    /// The file's template when it has one, else the built-in for its architecture.
+    pub fn select(
+        file_template: Option<&str>,
+        arch: &str,
+        has_token: &dyn Fn(&str) -> bool,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<Self> {
+        match file_template {
+            Some(src) if !src.trim().is_empty() => Self::new(src, bos_token, eos_token),
+            _ => Builtin::detect(arch, has_token).map(|b| Self::builtin(b, bos_token, eos_token)).ok_or_else(|| {
+                Error::new(
+                    ErrorCode::InvalidArgument,
+                    format!("the model has no chat template and none is built in for architecture \"{arch}\"; pass a template or use plain text prompts"),
+                )
+            }),
+        }
+    }
+
+    /// Render `messages`; `add_generation_prompt` appends the opening of the assistant's turn.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let env = environment();
+        let tmpl = env
+            .template_from_str(&self.source)
+            .map_err(|e| Error::new(ErrorCode::BadGguf, format!("the chat template does not parse: {}", describe(&e))))?;
+        let ctx = minijinja::context! {
+            messages => messages.iter().map(ChatMessage::to_value).collect::<Vec<_>>(),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        };
+        tmpl.render(ctx).map_err(|e| {
+            Error::new(ErrorCode::InvalidArgument, format!("the chat template rejected the conversation: {}", describe(&e)))
+        })
+    }
+}
+
+/// [`ChatTemplate::select`] then [`ChatTemplate::render`] in one call.
+pub fn render_chat(
+    file_template: Option<&str>,
+    arch: &str,
+    has_token: &dyn Fn(&str) -> bool,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String> {
+    ChatTemplate::select(file_template, arch, has_token, bos_token, eos_token)?.render(messages, add_generation_prompt)
+}
+
+/// `rendered` without a leading `bos_token`, for a tokenizer that adds BOS itself.
+pub fn strip_leading_bos<'a>(rendered: &'a str, bos_token: &str) -> &'a str {
+    if bos_token.is_empty() {
+        rendered
+    } else {
+        rendered.strip_prefix(bos_token).unwrap_or(rendered)
+    }
+}
+
+/// A minijinja environment set up like transformers' chat template renderer.
+fn environment() -> minijinja::Environment<'static> {
+    let mut env = minijinja::Environment::new();
+    if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).keep_trailing_newline(false).build() {
+        env.set_syntax(syntax);
+    }
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+    });
+    env
+}
+
+/// An error's detail (e.g. raise_exception's message) and where it happened.
+fn describe(e: &minijinja::Error) -> String {
+    let mut s = e.detail().map(str::to_string).unwrap_or_else(|| e.kind().to_string());
+    if let Some(line) = e.line() {
+        s.push_str(&format!(" (template line {line})"));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conv() -> Vec<ChatMessage> {
+        vec![
+            ChatMessage::system("You are terse."),
+            ChatMessage::user("Hi!"),
+            ChatMessage::assistant("Hello."),
+            ChatMessage::user(" What is 2+2? "),
+        ]
+    }
+
+    fn fixture(name: &str) -> &'static str {
+        match name {
+            "qwen2.5" => include_str!("../../tests/fixtures/chat/qwen2.5-instruct.jinja"),
+            "llama3" => include_str!("../../tests/fixtures/chat/llama3-instruct.jinja"),
+            "llama3.2" => include_str!("../../tests/fixtures/chat/llama3.2-instruct.jinja"),
+            _ => unreachable!(),
+        }
+    }
+
+    fn no_tokens(_: &str) -> bool {
+        false
+    }
+
+    #[test]
+    fn gemma_builtin_folds_system_into_the_first_user_turn() {
+        let t = ChatTemplate::select(None, "gemma3", &no_tokens, "<bos>", "<eos>").unwrap();
+        assert_eq!(t.builtin, Some(Builtin::Gemma));
+        assert_eq!(
+            t.render(&[ChatMessage::user("Hello")], true).unwrap(),
+            "<start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(
+            t.render(&conv(), true).unwrap(),
+            "<start_of_turn>user\nYou are terse.\n\nHi!<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n\
+             <start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(t.render(&[ChatMessage::user("x")], false).unwrap(), "<start_of_turn>user\nx<end_of_turn>\n");
+    }
+
+    #[test]
+    fn other_builtins_render_like_llama_cpp() {
+        let m = conv();
+        let r = |b| ChatTemplate::builtin(b, "<s>", "</s>").render(&m, true).unwrap();
+        assert_eq!(
+            r(Builtin::Llama3),
+            "<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>\
+             <|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>\
+             <|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+        assert_eq!(
+            r(Builtin::ChatMl),
+            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n\
+             <|im_start|>user\n What is 2+2? <|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(
+            r(Builtin::Llama2),
+            "[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi! [/INST]Hello.</s><s>[INST]  What is 2+2?  [/INST]"
+        );
+        assert_eq!(
+            r(Builtin::Granite),
+            "<|start_of_role|>system<|end_of_role|>You are terse.<|end_of_text|>\n<|start_of_role|>user<|end_of_role|>Hi!<|end_of_text|>\n\
+             <|start_of_role|>assistant<|end_of_role|>Hello.<|end_of_text|>\n<|start_of_role|>user<|end_of_role|> What is 2+2? <|end_of_text|>\n\
+             <|start_of_role|>assistant<|end_of_role|>"
+        );
+    }
+
+    #[test]
+    fn builtins_are_chosen_by_architecture() {
+        let llama3_vocab = |t: &str| t == "<|start_header_id|>";
+        assert_eq!(Builtin::detect("gemma3", &no_tokens), Some(Builtin::Gemma));
+        assert_eq!(Builtin::detect("qwen2", &no_tokens), Some(Builtin::ChatMl));
+        assert_eq!(Builtin::detect("qwen3", &no_tokens), Some(Builtin::ChatMl));
+        assert_eq!(Builtin::detect("granite", &no_tokens), Some(Builtin::Granite));
+        assert_eq!(Builtin::detect("llama", &llama3_vocab), Some(Builtin::Llama3));
+        assert_eq!(Builtin::detect("llama", &no_tokens), Some(Builtin::Llama2));
+        assert_eq!(Builtin::detect("lfm2", &no_tokens), None);
+        assert_eq!(Builtin::detect("lfm2", &|t: &str| t == "<|im_start|>"), Some(Builtin::ChatMl));
+        let e = ChatTemplate::select(None, "mamba", &no_tokens, "", "").unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument);
+        assert_eq!(Builtin::from_name("mistral"), Some(Builtin::Llama2));
+    }
+
+    /// Expected strings are what transformers' `apply_chat_template` gives for these templates.
+    #[test]
+    fn qwen2_5_official_template() {
+        let t = ChatTemplate::new(fixture("qwen2.5"), "", "<|im_end|>").unwrap();
+        assert_eq!(
+            t.render(&[ChatMessage::user("Hello")], true).unwrap(),
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+             <|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(
+            t.render(&conv(), false).unwrap(),
+            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n\
+             <|im_start|>user\n What is 2+2? <|im_end|>\n"
+        );
+    }
+
+    #[test]
+    fn llama3_official_templates() {
+        let t = ChatTemplate::new(fixture("llama3"), "<|begin_of_text|>", "<|eot_id|>").unwrap();
+        let want = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>\
+                    <|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>\
+                    <|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+        let got = t.render(&conv(), true).unwrap();
+        assert_eq!(got, want);
+        // The built-in is the same text without BOS.
+        assert_eq!(strip_leading_bos(&got, "<|begin_of_text|>"), ChatTemplate::builtin(Builtin::Llama3, "", "").render(&conv(), true).unwrap());
+
+        let t = ChatTemplate::new(fixture("llama3.2"), "<|begin_of_text|>", "<|eot_id|>").unwrap();
+        assert_eq!(
+            t.render(&conv(), true).unwrap(),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n\
+             You are terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>\
+             <|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>\
+             <|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+    }
+
+    #[test]
+    fn raise_exception_and_syntax_errors_are_reported() {
+        let t = ChatTemplate::new("{% if messages|length > 1 %}{{ raise_exception('one message only') }}{% endif %}ok", "", "").unwrap();
+        assert_eq!(t.render(&[ChatMessage::user("a")], false).unwrap(), "ok");
+        let e = t.render(&conv(), false).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument);
+        assert!(e.to_string().contains("one message only"), "{e}");
+        let e = ChatTemplate::new("{% for %}", "", "").unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadGguf);
+        // Python string methods (pycompat) work.
+        let t = ChatTemplate::new("{{ messages[0].content.strip().upper() }}", "", "").unwrap();
+        assert_eq!(t.render(&[ChatMessage::user("  hi ")], false).unwrap(), "HI");
+    }
+}
