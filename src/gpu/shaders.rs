@@ -6,11 +6,17 @@
 /// `(file name, source)` for each shader and template.
 pub const FILES: &[(&str, &str)] = &[
     ("common_decls.tmpl", include_str!("../../shaders/common_decls.tmpl")),
+    ("quant_decls.tmpl", include_str!("../../shaders/quant_decls.tmpl")),
     ("argmax.wgsl", include_str!("../../shaders/argmax.wgsl")),
     ("kv_shift.wgsl", include_str!("../../shaders/kv_shift.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
     ("penalty.wgsl", include_str!("../../shaders/penalty.wgsl")),
     ("topk.wgsl", include_str!("../../shaders/topk.wgsl")),
+    ("embed.wgsl", include_str!("../../shaders/embed.wgsl")),
+    ("rmsnorm.wgsl", include_str!("../../shaders/rmsnorm.wgsl")),
+    ("rope.wgsl", include_str!("../../shaders/rope.wgsl")),
+    ("glu.wgsl", include_str!("../../shaders/glu.wgsl")),
+    ("elementwise.wgsl", include_str!("../../shaders/elementwise.wgsl")),
 ];
 
 /// The source of a shader or template by file name.

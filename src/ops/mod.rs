@@ -2,9 +2,14 @@
 //! encode function and the list of variants the naga test compiles.
 
 pub mod argmax;
+pub mod elementwise;
+pub mod embed;
+pub mod glu;
 pub mod kv_shift;
 pub mod matmul;
 pub mod penalty;
+pub mod rmsnorm;
+pub mod rope;
 pub mod topk;
 
 /// A `#[repr(C)]` params struct that a WGSL struct of the same name mirrors.
@@ -33,6 +38,11 @@ pub fn all_variants() -> Vec<Variant> {
     v.extend(argmax::variants());
     v.extend(topk::variants());
     v.extend(penalty::variants());
+    v.extend(embed::variants());
+    v.extend(rmsnorm::variants());
+    v.extend(rope::variants());
+    v.extend(glu::variants());
+    v.extend(elementwise::variants());
     v
 }
 
@@ -43,5 +53,12 @@ pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usiz
     }
     let mut v = vec![entry::<kv_shift::KvShiftParams>(), entry::<matmul::MatmulParams>()];
     v.extend([entry::<argmax::ArgmaxParams>(), entry::<topk::TopkParams>(), entry::<penalty::PenaltyParams>()]);
+    v.extend([
+        entry::<embed::EmbedParams>(),
+        entry::<rmsnorm::RmsNormParams>(),
+        entry::<rope::RopeParams>(),
+        entry::<glu::GluParams>(),
+        entry::<elementwise::ElementwiseParams>(),
+    ]);
     v
 }

@@ -1,0 +1,94 @@
+// RMSNorm over rows: out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w.
+// Also the per-head QK-norm (rows = T * n_heads, row_len = head_dim, one w for every head).
+//
+// Defines (chosen in src/ops/rmsnorm.rs from the arguments):
+//   WG_SIZE: invocations per workgroup, a power of two; one workgroup per row.
+//   WEIGHT: multiply by w (row_len f32); without it the norm is unweighted.
+//   ADD: fused residual add: x += add first (x is written back), then the norm of the sum.
+//   OUT_IS_X: out is x's own buffer (in place, or out elsewhere in it): x is bound read_write
+//     once and out writes through it (WebGPU forbids binding one buffer as two writable
+//     bindings, and as read-only plus writable, in one dispatch).
+//   X_ACCESS: read or read_write (read_write with ADD or OUT_IS_X).
+// The sum of squares accumulates in f32: a per-thread strided partial sum, then a tree
+// reduction in workgroup memory (log2 WG_SIZE barriers).
+
+#include "common_decls.tmpl"
+
+struct RmsNormParams {
+    n_rows: u32,
+    row_len: u32,
+    eps: f32,
+    x_offset: u32,   // element index of x[0, 0]
+    out_offset: u32, // element index of out[0, 0]
+    add_offset: u32, // element index of add[0, 0] (ADD)
+    w_offset: u32,   // element index of w[0] (WEIGHT)
+    pad0: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: RmsNormParams;
+@group(0) @binding(1) var<storage, X_ACCESS> x: array<f32>;       // (n_rows, row_len) from x_offset
+#ifndef OUT_IS_X
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;   // (n_rows, row_len) from out_offset
+#endif
+#ifdef ADD
+@group(0) @binding(3) var<storage, read> add: array<f32>;         // (n_rows, row_len) from add_offset
+#endif
+#ifdef WEIGHT
+@group(0) @binding(4) var<storage, read> w: array<f32>;           // (row_len) from w_offset
+#endif
+
+var<workgroup> red: array<f32, WG_SIZE>;
+
+fn store(i: u32, v: f32) {
+#ifdef OUT_IS_X
+    x[i] = v;
+#else
+    out[i] = v;
+#endif
+}
+
+@compute @workgroup_size(WG_SIZE)
+fn rmsnorm(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let r = get_wid(wid, nwg);
+    // Workgroups past the last row skip the work but not the barriers (uniform control flow).
+    let live = r < p.n_rows;
+    let xb = p.x_offset + r * p.row_len;
+    var ss = 0.0;
+    if live {
+        for (var i = lid; i < p.row_len; i += WG_SIZE) {
+#ifdef ADD
+            let v = x[xb + i] + add[p.add_offset + r * p.row_len + i];
+            x[xb + i] = v;
+#else
+            let v = x[xb + i];
+#endif
+            ss += v * v;
+        }
+    }
+    red[lid] = ss;
+    workgroupBarrier();
+    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    if !live {
+        return;
+    }
+    let inv = 1.0 / sqrt(red[0] / f32(p.row_len) + p.eps);
+    let ob = p.out_offset + r * p.row_len;
+    // Each thread re-reads only elements it wrote itself (ADD), so no barrier is needed; with
+    // OUT_IS_X in place (ob == xb) it also overwrites only its own elements.
+    for (var i = lid; i < p.row_len; i += WG_SIZE) {
+#ifdef WEIGHT
+        store(ob + i, x[xb + i] * inv * w[p.w_offset + i]);
+#else
+        store(ob + i, x[xb + i] * inv);
+#endif
+    }
+}

@@ -1,0 +1,151 @@
+//! `glu`: gated linear units `out = act(gate) * up` (see `shaders/glu.wgsl`): SwiGLU (SiLU) for
+//! LLaMA/Qwen/Granite, GeGLU (llama.cpp's tanh-approximated GELU) for Gemma.
+//!
+//! Views are `(n_rows, n_cols)` with row strides, so `gate` and `up` may be the halves of one
+//! fused matmul output, and `out` may be `gate`'s buffer (in place). Buffer aliasing is bound as
+//! in [`super::elementwise`] (each distinct buffer once).
+
+use std::mem::offset_of;
+
+use super::elementwise::{two_input_patterns, BindingPlan, View};
+use super::{Variant, WgslParams};
+use crate::error::{Error, Result};
+use crate::gpu::{grid_2d, GpuContext, PipelineKey};
+
+pub const SHADER: &str = "glu.wgsl";
+pub const ENTRY: &str = "glu";
+/// Invocations per workgroup (clamped to the device's limits).
+pub const WORKGROUP_SIZE: u32 = 256;
+
+/// The gate's activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// `x * sigmoid(x)` (SwiGLU).
+    Silu,
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` (GeGLU, as llama.cpp).
+    GeluTanh,
+}
+
+impl Activation {
+    fn define(self) -> &'static str {
+        match self {
+            Activation::Silu => "SILU",
+            Activation::GeluTanh => "GELU",
+        }
+    }
+
+    /// The activation in f64 (the CPU reference).
+    pub fn apply(self, x: f64) -> f64 {
+        match self {
+            Activation::Silu => x / (1.0 + (-x).exp()),
+            Activation::GeluTanh => 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()),
+        }
+    }
+}
+
+/// Uniform of `glu.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct GluParams {
+    pub n_rows: u32,
+    pub n_cols: u32,
+    /// Element index of `[0, 0]` and elements between rows, of out, gate and up.
+    pub out_offset: u32,
+    pub out_stride: u32,
+    pub gate_offset: u32,
+    pub gate_stride: u32,
+    pub up_offset: u32,
+    pub up_stride: u32,
+}
+
+impl WgslParams for GluParams {
+    const WGSL_NAME: &'static str = "GluParams";
+    const SHADER: &'static str = SHADER;
+    const FIELDS: &'static [(&'static str, usize)] = &[
+        ("n_rows", offset_of!(GluParams, n_rows)),
+        ("n_cols", offset_of!(GluParams, n_cols)),
+        ("out_offset", offset_of!(GluParams, out_offset)),
+        ("out_stride", offset_of!(GluParams, out_stride)),
+        ("gate_offset", offset_of!(GluParams, gate_offset)),
+        ("gate_stride", offset_of!(GluParams, gate_stride)),
+        ("up_offset", offset_of!(GluParams, up_offset)),
+        ("up_stride", offset_of!(GluParams, up_stride)),
+    ];
+}
+
+fn key(act: Activation, wg: u32, names: &[&str], reads: usize) -> PipelineKey {
+    let mut k = PipelineKey::new(SHADER, ENTRY).define(act.define(), "").workgroup_size(wg);
+    k = k.define("IN_GATE", names[0]).define("IN_UP", names[1]);
+    for i in 0..reads {
+        k = k.define(["HAS_SRC0", "HAS_SRC1"][i], "");
+    }
+    k
+}
+
+/// Both activations in every aliasing pattern.
+pub fn variants() -> Vec<Variant> {
+    let mut v = Vec::new();
+    for act in [Activation::Silu, Activation::GeluTanh] {
+        for (names, reads) in two_input_patterns() {
+            let k = key(act, WORKGROUP_SIZE, &names, reads);
+            v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+        }
+    }
+    v
+}
+
+fn u32_of(what: &str, v: u64) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::invalid(format!("glu: {what} = {v} does not fit in u32")))
+}
+
+/// `out[r, i] = act(gate[r, i]) * up[r, i]` for `(n_rows, n_cols)` (rows = tokens, cols = n_ff).
+///
+/// - `gate`, `up`: `(n_rows, n_cols)` views (may share a buffer, e.g. `(T, 2 n_ff)` halves)
+/// - `out`: `(n_rows, n_cols)` view; may be in `gate`'s or `up`'s buffer (the same range, or a
+///   range that does not overlap them)
+#[allow(clippy::too_many_arguments)]
+pub fn encode(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    act: Activation,
+    gate: View,
+    up: View,
+    out: View,
+    n_rows: u32,
+    n_cols: u32,
+) -> Result<()> {
+    let total = n_rows as u64 * n_cols as u64;
+    u32_of("elements", total)?;
+    if total == 0 {
+        return Ok(());
+    }
+    let plan = BindingPlan::new(out.buffer, &[gate.buffer, up.buffer]);
+    let pipe = ctx.pipeline(&key(act, ctx.limits.workgroup_size(WORKGROUP_SIZE), &plan.names, plan.reads.len()))?;
+    let params = GluParams {
+        n_rows,
+        n_cols,
+        out_offset: u32_of("out offset", out.offset)?,
+        out_stride: u32_of("out stride", out.stride)?,
+        gate_offset: u32_of("gate offset", gate.offset)?,
+        gate_stride: u32_of("gate stride", gate.stride)?,
+        up_offset: u32_of("up offset", up.offset)?,
+        up_stride: u32_of("up stride", up.stride)?,
+    };
+    let groups = total.div_ceil(pipe.decisions.workgroup_size as u64);
+    let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
+    let label = pipe.key.label();
+    let ubuf = ctx.uniform_buffer(&label, &params);
+    let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
+    entries.extend(plan.entries(out.buffer));
+    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &pipe.layout, entries: &entries });
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&label), timestamp_writes: None });
+    pass.set_pipeline(&pipe.pipeline);
+    pass.set_bind_group(0, &bind, &[]);
+    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    Ok(())
+}
+
+/// CPU reference in f64 on plain slices of equal length.
+pub fn reference(act: Activation, gate: &[f32], up: &[f32]) -> Vec<f64> {
+    gate.iter().zip(up).map(|(&g, &u)| act.apply(g as f64) * u as f64).collect()
+}

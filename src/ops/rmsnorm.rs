@@ -1,0 +1,184 @@
+//! `rmsnorm`: `out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w` over `n_rows` rows (see
+//! `shaders/rmsnorm.wgsl`), optionally after a fused residual add `x += add`.
+//!
+//! Also the per-head QK-norm: rows = `T * n_heads`, `row_len = head_dim`, one weight for every
+//! head. `out` may be `x` itself (in place): the kernel then binds the buffer once, since WebGPU
+//! (Dawn) rejects a buffer bound twice when either binding is writable.
+
+use std::mem::offset_of;
+
+use super::{Variant, WgslParams};
+use crate::error::{Error, Result};
+use crate::gguf::GgmlType;
+use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey};
+
+pub const SHADER: &str = "rmsnorm.wgsl";
+pub const ENTRY: &str = "rmsnorm";
+
+/// Uniform of `rmsnorm.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RmsNormParams {
+    pub n_rows: u32,
+    pub row_len: u32,
+    pub eps: f32,
+    /// Element indices of `x[0, 0]`, `out[0, 0]`, `add[0, 0]` and `w[0]`.
+    pub x_offset: u32,
+    pub out_offset: u32,
+    pub add_offset: u32,
+    pub w_offset: u32,
+    pub pad0: u32,
+}
+
+impl WgslParams for RmsNormParams {
+    const WGSL_NAME: &'static str = "RmsNormParams";
+    const SHADER: &'static str = SHADER;
+    const FIELDS: &'static [(&'static str, usize)] = &[
+        ("n_rows", offset_of!(RmsNormParams, n_rows)),
+        ("row_len", offset_of!(RmsNormParams, row_len)),
+        ("eps", offset_of!(RmsNormParams, eps)),
+        ("x_offset", offset_of!(RmsNormParams, x_offset)),
+        ("out_offset", offset_of!(RmsNormParams, out_offset)),
+        ("add_offset", offset_of!(RmsNormParams, add_offset)),
+        ("w_offset", offset_of!(RmsNormParams, w_offset)),
+        ("pad0", offset_of!(RmsNormParams, pad0)),
+    ];
+}
+
+/// What the kernel is built for: the variant flags and the workgroup size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RmsNormVariant {
+    pub weight: bool,
+    pub add: bool,
+    pub out_is_x: bool,
+    pub workgroup_size: u32,
+}
+
+pub fn key(v: RmsNormVariant) -> PipelineKey {
+    let mut k = PipelineKey::new(SHADER, ENTRY).workgroup_size(v.workgroup_size);
+    k = k.define("X_ACCESS", if v.add || v.out_is_x { "read_write" } else { "read" });
+    for (on, name) in [(v.weight, "WEIGHT"), (v.add, "ADD"), (v.out_is_x, "OUT_IS_X")] {
+        if on {
+            k = k.define(name, "");
+        }
+    }
+    k
+}
+
+/// The workgroup size for this device: a power of two (the tree reduction halves it), 64 on a
+/// CPU adapter (fewer idle lanes per barrier), 256 elsewhere, within the limits.
+pub fn workgroup_size(ctx: &GpuContext) -> u32 {
+    let want = if super::matmul::is_cpu_adapter(ctx) { 64 } else { 256 };
+    let wg = ctx.limits.workgroup_size(want);
+    1 << (31 - wg.leading_zeros())
+}
+
+/// Every flag combination at the two workgroup sizes the engine picks.
+pub fn variants() -> Vec<Variant> {
+    let mut out = Vec::new();
+    for wg in [64u32, 256] {
+        for bits in 0..8u32 {
+            let v = RmsNormVariant { weight: bits & 1 != 0, add: bits & 2 != 0, out_is_x: bits & 4 != 0, workgroup_size: wg };
+            let k = key(v);
+            out.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+        }
+    }
+    out
+}
+
+fn u32_of(what: &str, v: u64) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::invalid(format!("rmsnorm: {what} = {v} does not fit in u32")))
+}
+
+/// RMSNorm of `n_rows` rows of `row_len`, optionally after `x += add`.
+///
+/// - `x`: `(n_rows, row_len)` f32 from element `x_offset`; written back (`x + add`) with `add`
+/// - `add`: `(n_rows, row_len)` f32 (buffer, element offset); a buffer other than `x` and `out`
+/// - `w`: `(row_len)` f32 weight (one part), or none for an unweighted norm
+/// - `out`: `(n_rows, row_len)` f32 from element `out_offset`; may be `x`'s buffer (in place when
+///   the offsets are equal; otherwise the two ranges must not overlap)
+#[allow(clippy::too_many_arguments)]
+pub fn encode(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &wgpu::Buffer,
+    x_offset: u64,
+    add: Option<(&wgpu::Buffer, u64)>,
+    w: Option<&GpuTensor>,
+    out: &wgpu::Buffer,
+    out_offset: u64,
+    n_rows: u32,
+    row_len: u32,
+    eps: f32,
+) -> Result<()> {
+    if n_rows == 0 || row_len == 0 {
+        return Ok(());
+    }
+    if let Some(w) = w {
+        if w.ty != GgmlType::F32 || w.rows * w.cols != row_len as u64 || w.parts.len() != 1 {
+            return Err(Error::invalid(format!(
+                "rmsnorm: weight {} is {} {}x{} in {} parts; an f32 vector of {row_len} in one part is needed",
+                w.name,
+                w.ty,
+                w.rows,
+                w.cols,
+                w.parts.len()
+            )));
+        }
+    }
+    if let Some((a, _)) = add {
+        if a == x || a == out {
+            return Err(Error::invalid("rmsnorm: the residual `add` must be a buffer other than x and out"));
+        }
+    }
+    let v = RmsNormVariant { weight: w.is_some(), add: add.is_some(), out_is_x: out == x, workgroup_size: workgroup_size(ctx) };
+    let pipe = ctx.pipeline(&key(v))?;
+    let params = RmsNormParams {
+        n_rows,
+        row_len,
+        eps,
+        x_offset: u32_of("x offset", x_offset)?,
+        out_offset: u32_of("out offset", out_offset)?,
+        add_offset: u32_of("add offset", add.map_or(0, |a| a.1))?,
+        w_offset: 0,
+        pad0: 0,
+    };
+    let label = pipe.key.label();
+    let ubuf = ctx.uniform_buffer(&label, &params);
+    let mut entries = vec![
+        wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
+        wgpu::BindGroupEntry { binding: 1, resource: x.as_entire_binding() },
+    ];
+    if !v.out_is_x {
+        entries.push(wgpu::BindGroupEntry { binding: 2, resource: out.as_entire_binding() });
+    }
+    if let Some((a, _)) = add {
+        entries.push(wgpu::BindGroupEntry { binding: 3, resource: a.as_entire_binding() });
+    }
+    if let Some(w) = w {
+        entries.push(wgpu::BindGroupEntry { binding: 4, resource: w.parts[0].buffer.as_entire_binding() });
+    }
+    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &pipe.layout, entries: &entries });
+    let grid = grid_2d(n_rows as u64, ctx.limits.max_compute_workgroups_per_dimension)?;
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&label), timestamp_writes: None });
+    pass.set_pipeline(&pipe.pipeline);
+    pass.set_bind_group(0, &bind, &[]);
+    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    Ok(())
+}
+
+/// CPU reference in f64: the norm of `x` (after `+ add` when given) times `w` (when given), and
+/// the sum `x + add`. Rows are `row_len` long.
+pub fn reference(x: &[f32], add: Option<&[f32]>, w: Option<&[f32]>, row_len: usize, eps: f32) -> (Vec<f64>, Vec<f64>) {
+    let sum: Vec<f64> = match add {
+        Some(a) => x.iter().zip(a).map(|(&p, &q)| p as f64 + q as f64).collect(),
+        None => x.iter().map(|&p| p as f64).collect(),
+    };
+    let mut out = Vec::with_capacity(sum.len());
+    for row in sum.chunks(row_len) {
+        let ms = row.iter().map(|v| v * v).sum::<f64>() / row_len as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        out.extend(row.iter().enumerate().map(|(i, v)| v * inv * w.map_or(1.0, |w| w[i] as f64)));
+    }
+    (out, sum)
+}
