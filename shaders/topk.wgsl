@@ -27,7 +27,8 @@ struct TopkParams {
 }
 
 const NONE: u32 = 0xffffffffu;
-const LOWEST: f32 = -3.40282347e38;
+// The lowest finite f32, as a hex literal (Tint rejects the rounded decimal -3.40282347e38 as out of range).
+const LOWEST: f32 = -0x1.fffffep+127f;
 const CHUNK: u32 = WG_SIZE * ITEMS;
 
 @group(0) @binding(0) var<uniform> p: TopkParams;

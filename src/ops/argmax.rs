@@ -88,10 +88,8 @@ pub fn plan_stages(n: u64, chunk: u64, out: u64) -> Vec<u64> {
 pub fn cpu_argmax(logits: &[f32]) -> u32 {
     let mut best = NONE;
     for (i, &v) in logits.iter().enumerate() {
-        if best == NONE || v > logits[best as usize] {
-            if !v.is_nan() {
-                best = i as u32;
-            }
+        if !v.is_nan() && (best == NONE || v > logits[best as usize]) {
+            best = i as u32;
         }
     }
     best
