@@ -17,7 +17,11 @@
 // Position times frequency, modulo one turn, is then exact integer arithmetic: the top 32 bits
 // of pos * F (mod 2^64) are the angle's fraction of a turn. Rounded to the nearest quarter turn
 // q, the rest is |a| <= pi/4, whose sin and cos come from short Taylor polynomials (truncation
-// below 3e-9), and the quadrant swaps and negates them. Measured error: tests/ops.rs (rope_*).
+// below 3e-9), and the quadrant swaps and negates them. Measured (tests/ops.rs, head_dim 256,
+// NeoX and NORM, base 1e4..1e6, with and without frequency factors, n_rot 256 and 128), worst
+// |error| / |pair| against the f64 reference rounded to f32: 1.2e-7 at positions 0-2, 1.4e-7 at
+// 511-512, 1.6e-7 at 4097-4098, 1.5e-7 at 32767-32768, on lavapipe and SwiftShader alike; an f32
+// angle with f32 sin/cos gives 1.5e-5, 2.2e-4 and 9.7e-4 at those positions.
 //
 // One invocation per pair: rope T * n_heads * (n_rot / 2); rope_kv_write T * n_heads *
 // (head_dim / 2) (it also copies the unrotated pairs and V).

@@ -27,9 +27,10 @@ const TOLERANCE: &[(&str, f64)] = &[
     // |gpu - ref| / max |ref| of the row: a decode and one multiply by the scale.
     ("embed", 1e-6),
     // |gpu - ref| / max |ref| of the row: an f32 sum of squares over up to 2048 values.
-    ("rmsnorm", 2e-6),
-    // |gpu - ref| / |pair|: the angle reduced exactly, sin/cos polynomials on a quarter turn.
-    ("rope", 1e-6),
+    ("rmsnorm", 1e-6),
+    // |gpu - ref| / |pair|: the angle reduced exactly, sin/cos polynomials on a quarter turn
+    // (the reference's own f32 rounding is most of it: 1.2e-7 at position 0).
+    ("rope", 5e-7),
     // |gpu - ref| / (|up| * max(1, |gate|)): exp/tanh in f32 (GELU's 1 + tanh cancels).
     ("glu", 1e-6),
     // |gpu - ref| / (|a| + |b * scale|): one rounding (or a fused multiply-add).
