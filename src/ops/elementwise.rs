@@ -256,3 +256,19 @@ pub fn reference_add_scaled(a: &[f32], b: &[f32], scale_b: f32, n_cols: usize) -
 pub fn reference_scale(x: &[f32], s: f32) -> Vec<f64> {
     x.iter().map(|&v| v as f64 * s as f64).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aliasing_patterns_bind_each_buffer_once() {
+        // out, a, b as buffer identities.
+        assert_eq!(alias_names(&0, &[&1, &2]), (vec!["src0", "src1"], vec![0, 1]));
+        assert_eq!(alias_names(&0, &[&0, &2]), (vec!["dst", "src0"], vec![1]));
+        assert_eq!(alias_names(&0, &[&1, &1]), (vec!["src0", "src0"], vec![0]));
+        assert_eq!(alias_names(&0, &[&1, &0]), (vec!["src0", "dst"], vec![0]));
+        assert_eq!(alias_names(&0, &[&0, &0]), (vec!["dst", "dst"], vec![]));
+        assert_eq!(two_input_patterns().len(), 5);
+    }
+}
