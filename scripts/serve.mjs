@@ -13,6 +13,7 @@ const mounts = [
   ['/pkg/', join(root, 'pkg')],
   ['/models/', join(root, 'models')],
   ['/js/', join(root, 'js')],
+  ['/fixtures/', join(root, 'tests', 'fixtures')],
   ['/', join(root, 'www')],
 ];
 const types = {
