@@ -17,6 +17,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("rope.wgsl", include_str!("../../shaders/rope.wgsl")),
     ("glu.wgsl", include_str!("../../shaders/glu.wgsl")),
     ("elementwise.wgsl", include_str!("../../shaders/elementwise.wgsl")),
+    ("attention.wgsl", include_str!("../../shaders/attention.wgsl")),
 ];
 
 /// The source of a shader or template by file name.

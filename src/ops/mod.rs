@@ -2,6 +2,7 @@
 //! encode function and the list of variants the naga test compiles.
 
 pub mod argmax;
+pub mod attention;
 pub mod elementwise;
 pub mod embed;
 pub mod glu;
@@ -43,6 +44,7 @@ pub fn all_variants() -> Vec<Variant> {
     v.extend(rope::variants());
     v.extend(glu::variants());
     v.extend(elementwise::variants());
+    v.extend(attention::variants());
     v
 }
 
@@ -60,5 +62,6 @@ pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usiz
         entry::<glu::GluParams>(),
         entry::<elementwise::ElementwiseParams>(),
     ]);
+    v.push(entry::<attention::AttentionParams>());
     v
 }

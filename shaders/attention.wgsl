@@ -1,0 +1,248 @@
+// Causal attention over one layer's KV cache, for decode (one token, a long cache) and prefill
+// (a batch of tokens): out[t, h, :] = softmax_c(s(t, h, c)) . V[c, kvh, :], with
+//   s = scale * dot(Q[t, h, :], K[c, kvh, :]), then s = softcap * tanh(s / softcap) if softcap > 0,
+//   kvh = h / (n_head / n_kv_head)  (GQA / MQA / MHA),
+//   cells c <= pos0 + t, and with window > 0 also c > pos0 + t - window (llama.cpp's
+//   LLAMA_SWA_TYPE_STANDARD: a cell is masked when pos_token - pos_cell >= window).
+// The mask is a contiguous range [lo, pos0 + t], so the kernel walks exactly that range: no
+// masked cell is ever read, and every (t, h) has at least one cell (its own).
+// The softmax is online (flash-attention style) in f32: running max m, running sum l and the
+// running V sum are rescaled by exp(m_old - m_new) once per chunk of cells.
+//
+// Defines (chosen in src/ops/attention.rs, which reads them back for the dispatch):
+//   WG_SIZE: invocations per workgroup.
+//   COOP: one workgroup per (t, h) pair. Per chunk of WG_SIZE cells: thread i scores cell i
+//     (writes it to workgroup memory), barrier, every thread takes the chunk max (broadcast
+//     reads) and its own cell's weight, barrier, then the threads split V: thread (g, j) sums
+//     dims j (as vec2) over cells g, g + G, ... (G = WG_SIZE / (head_dim / 2) groups). The G
+//     partial sums are added once at the end. Two barriers per chunk of WG_SIZE cells.
+//     Needs WG_SIZE >= head_dim / 2 (the host checks).
+//   without COOP: one invocation per (t, h) pair, WG_SIZE pairs per workgroup, no barrier at all
+//     (the variant for CPU-emulated adapters, where a barrier is costly). Scores of SCHUNK cells
+//     are kept in a private array.
+// Q, K, V and out are read as vec2 (head_dim is even; the host checks offsets are even).
+// The workgroup index is linear in a 2-D grid (get_wid), so T * n_head may pass 65535.
+//
+// LOOP_NOTE: Mesa's llvmpipe/lavapipe (22.3, our native test adapter) bounds the *total* loop
+// iterations of one shader invocation (every loop together) by LP_MAX_TGSI_LOOP_ITERATIONS =
+// 65535, then silently leaves the loops: measured here as a wrong, mostly unwritten output once a
+// thread of the simple variant ran about 65k iterations (300 cells x head_dim 256). So the
+// inner loops are unrolled (four vec2 of a row, two cells of the V sum, four scores of the
+// chunk max per iteration) and the host keeps the simple variant to ranges that fit
+// (src/ops/attention.rs, `AttentionConfig::fit`).
+
+#include "common_decls.tmpl"
+
+struct AttentionParams {
+    n_tokens: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    head_dim: u32,
+    pos0: u32,       // position (== cell) of token 0
+    window: u32,     // sliding window in cells; 0 = none
+    scale: f32,      // applied to q . k
+    softcap: f32,    // 0 = off
+    q_offset: u32,   // element index of Q[0, 0, 0] (even)
+    out_offset: u32, // element index of out[0, 0, 0] (even)
+    pad0: u32,
+    pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: AttentionParams;
+@group(0) @binding(1) var<storage, read> q: array<vec2<f32>>;         // (n_tokens, n_head, head_dim / 2) from q_offset
+@group(0) @binding(2) var<storage, read> k_cache: array<vec2<f32>>;   // (n_ctx, n_kv_head, head_dim / 2)
+@group(0) @binding(3) var<storage, read> v_cache: array<vec2<f32>>;   // (n_ctx, n_kv_head, head_dim / 2)
+@group(0) @binding(4) var<storage, read_write> out: array<vec2<f32>>; // (n_tokens, n_head, head_dim / 2) from out_offset
+
+const HD2_MAX: u32 = 128u; // head_dim <= 256
+// A "minus infinity" that stays finite: exp(NEG_BIG - s) is exactly 0 for any real score, and no
+// inf - inf NaN can arise.
+const NEG_BIG: f32 = -1e30;
+
+#ifdef COOP
+var<workgroup> qv: array<vec2<f32>, HD2_MAX>;   // this pair's query
+var<workgroup> sc: array<vec4<f32>, WG_SIZE / 4u>; // scores of the chunk, four per entry
+var<workgroup> pw: array<f32, WG_SIZE>;         // exp(score - chunk max) of the chunk
+var<workgroup> part: array<vec2<f32>, WG_SIZE>; // (G, head_dim / 2) partial V sums at the end
+var<workgroup> lpart: array<f32, WG_SIZE>;      // (G, head_dim / 2) partial softmax sums
+#else
+const SCHUNK: u32 = 64u;
+var<private> qv: array<vec2<f32>, HD2_MAX>;
+var<private> acc: array<vec2<f32>, HD2_MAX>;
+var<private> sc: array<f32, SCHUNK>;
+#endif
+
+// The logit of cell `c` for kv head `kvh`, from the query in `qv`. Unrolled by four vec2: see
+// LOOP_NOTE below.
+fn score(c: u32, kvh: u32, hd2: u32) -> f32 {
+    let kb = (c * p.n_kv_head + kvh) * hd2;
+    var d = 0.0;
+    var j = 0u;
+    for (; j + 4u <= hd2; j += 4u) {
+        d += dot(qv[j], k_cache[kb + j]) + dot(qv[j + 1u], k_cache[kb + j + 1u])
+            + dot(qv[j + 2u], k_cache[kb + j + 2u]) + dot(qv[j + 3u], k_cache[kb + j + 3u]);
+    }
+    for (; j < hd2; j++) {
+        d += dot(qv[j], k_cache[kb + j]);
+    }
+    var s = d * p.scale;
+    if p.softcap > 0.0 {
+        // The clamp keeps tanh away from exp overflow in implementations that build it from exp;
+        // tanh(15) is 1 in f32 already.
+        s = p.softcap * tanh(clamp(s / p.softcap, -15.0, 15.0));
+    }
+    return s;
+}
+
+// First cell token `pos` sees: the window start, or 0.
+fn first_cell(pos: u32) -> u32 {
+    if p.window > 0u && pos + 1u > p.window {
+        return pos + 1u - p.window;
+    }
+    return 0u;
+}
+
+#ifdef COOP
+@compute @workgroup_size(WG_SIZE)
+fn attention(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    // Everything up to the V split is uniform across the workgroup (barriers below).
+    let pair = get_wid(wid, nwg);
+    if pair >= p.n_tokens * p.n_head {
+        return;
+    }
+    let t = pair / p.n_head;
+    let h = pair % p.n_head;
+    let kvh = h / (p.n_head / p.n_kv_head);
+    let hd2 = p.head_dim / 2u;
+    let pos = p.pos0 + t;
+    let lo = first_cell(pos);
+    let hi = pos + 1u; // exclusive
+    let qb = p.q_offset / 2u + pair * hd2;
+    for (var j = lid; j < hd2; j += WG_SIZE) {
+        qv[j] = q[qb + j];
+    }
+    workgroupBarrier();
+
+    let groups = WG_SIZE / hd2;
+    let g = lid / hd2;
+    let j = lid % hd2;
+    var acc = vec2<f32>(0.0);
+    var m = NEG_BIG;
+    var l = 0.0;
+    for (var c0 = lo; c0 < hi; c0 += WG_SIZE) {
+        let n = min(WG_SIZE, hi - c0);
+        var s = NEG_BIG;
+        if lid < n {
+            s = score(c0 + lid, kvh, hd2);
+        }
+        sc[lid / 4u][lid % 4u] = s; // lanes past n write NEG_BIG: whole vec4s can be read
+        workgroupBarrier();
+        var mv = vec4<f32>(m);
+        for (var i = 0u; i < (n + 3u) / 4u; i++) {
+            mv = max(mv, sc[i]);
+        }
+        let mc = max(max(mv.x, mv.y), max(mv.z, mv.w));
+        pw[lid] = select(0.0, exp(s - mc), lid < n);
+        workgroupBarrier();
+        let f = exp(m - mc);
+        acc *= f;
+        l *= f;
+        if g < groups {
+            let vs = p.n_kv_head * hd2; // vec2 between V[c, kvh, j] and V[c + 1, kvh, j]
+            let vb = (c0 * p.n_kv_head + kvh) * hd2 + j;
+            var i = g;
+            for (; i + groups < n; i += 2u * groups) {
+                let w0 = pw[i];
+                let w1 = pw[i + groups];
+                l += w0 + w1;
+                acc += w0 * v_cache[vb + i * vs] + w1 * v_cache[vb + (i + groups) * vs];
+            }
+            if i < n {
+                let w = pw[i];
+                l += w;
+                acc += w * v_cache[vb + i * vs];
+            }
+        }
+        m = mc;
+        // The next chunk's writes of sc and pw come after its first barrier, which every
+        // thread reaches only after finishing this chunk's reads: no third barrier needed.
+    }
+    part[lid] = acc;
+    lpart[lid] = l;
+    workgroupBarrier();
+    if lid < hd2 {
+        var a = vec2<f32>(0.0);
+        var ls = 0.0;
+        for (var gg = 0u; gg < groups; gg++) {
+            a += part[gg * hd2 + lid];
+            ls += lpart[gg * hd2 + lid];
+        }
+        out[p.out_offset / 2u + pair * hd2 + lid] = a / ls;
+    }
+}
+#else
+@compute @workgroup_size(WG_SIZE)
+fn attention(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let pair = get_wid(wid, nwg) * WG_SIZE + lid;
+    if pair >= p.n_tokens * p.n_head {
+        return;
+    }
+    let t = pair / p.n_head;
+    let h = pair % p.n_head;
+    let kvh = h / (p.n_head / p.n_kv_head);
+    let hd2 = p.head_dim / 2u;
+    let pos = p.pos0 + t;
+    let lo = first_cell(pos);
+    let hi = pos + 1u; // exclusive
+    let qb = p.q_offset / 2u + pair * hd2;
+    for (var j = 0u; j < hd2; j++) {
+        qv[j] = q[qb + j];
+        acc[j] = vec2<f32>(0.0);
+    }
+    var m = NEG_BIG;
+    var l = 0.0;
+    for (var c0 = lo; c0 < hi; c0 += SCHUNK) {
+        let n = min(SCHUNK, hi - c0);
+        var mc = m;
+        for (var i = 0u; i < n; i++) {
+            let s = score(c0 + i, kvh, hd2);
+            sc[i] = s;
+            mc = max(mc, s);
+        }
+        let f = exp(m - mc);
+        l *= f;
+        for (var j = 0u; j < hd2; j++) {
+            acc[j] *= f;
+        }
+        for (var i = 0u; i < n; i++) {
+            let w = exp(sc[i] - mc);
+            l += w;
+            let vb = ((c0 + i) * p.n_kv_head + kvh) * hd2;
+            var j = 0u;
+            for (; j + 4u <= hd2; j += 4u) {
+                acc[j] += w * v_cache[vb + j];
+                acc[j + 1u] += w * v_cache[vb + j + 1u];
+                acc[j + 2u] += w * v_cache[vb + j + 2u];
+                acc[j + 3u] += w * v_cache[vb + j + 3u];
+            }
+            for (; j < hd2; j++) {
+                acc[j] += w * v_cache[vb + j];
+            }
+        }
+        m = mc;
+    }
+    let ob = p.out_offset / 2u + pair * hd2;
+    let inv = 1.0 / l;
+    for (var j = 0u; j < hd2; j++) {
+        out[ob + j] = acc[j] * inv;
+    }
+}
+#endif

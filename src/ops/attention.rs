@@ -1,0 +1,324 @@
+//! `attention`: causal (optionally sliding-window, soft-capped) attention of a batch of query
+//! tokens over one layer's f32 KV cache, for decode and prefill alike (see
+//! `shaders/attention.wgsl`).
+//!
+//! Token `t` sits at position (== cell) `pos0 + t` and attends to cells `c <= pos0 + t`, and with
+//! `window > 0` only to `c > pos0 + t - window`: llama.cpp's `is_masked_swa` for
+//! `LLAMA_SWA_TYPE_STANDARD` masks a cell when `pos_token - pos_cell >= n_swa` (Gemma 3's local
+//! layers, window 512). Head `h` reads kv head `h / (n_head / n_kv_head)`. Logits are
+//! `scale * q.k`, then `softcap * tanh(logit / softcap)` when `softcap > 0` (ggml's flash-attention
+//! order: scale first, then the cap).
+//!
+//! The kernel shape is a decision ([`AttentionConfig`]) recorded in the pipeline key: a
+//! thread-per-(token, head) variant with no barrier (for CPU-emulated adapters) or a
+//! workgroup-per-(token, head) variant that splits cells and head dims across threads (for real
+//! GPUs). Both are tested on every shape.
+
+use std::mem::offset_of;
+
+use super::{Variant, WgslParams};
+use crate::error::{Error, Result};
+use crate::gpu::{grid_2d, GpuContext, PipelineKey};
+
+pub const SHADER: &str = "attention.wgsl";
+pub const ENTRY: &str = "attention";
+
+/// The largest head_dim the kernel holds (its query/accumulator arrays are sized for it).
+pub const MAX_HEAD_DIM: u32 = 256;
+
+/// Uniform of `attention.wgsl`, and the whole description of one attention call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct AttentionParams {
+    /// Query tokens (1 for decode).
+    pub n_tokens: u32,
+    pub n_head: u32,
+    /// KV heads; divides `n_head`.
+    pub n_kv_head: u32,
+    /// Even, at most [`MAX_HEAD_DIM`].
+    pub head_dim: u32,
+    /// Position (== KV cell) of token 0; the cache holds cells `0 ..= pos0 + n_tokens - 1`.
+    pub pos0: u32,
+    /// Sliding window in cells (0: attend to every earlier cell).
+    pub window: u32,
+    /// Multiplies `q . k` (1 when Q is already scaled).
+    pub scale: f32,
+    /// Logit soft cap (0: off).
+    pub softcap: f32,
+    /// Element index of `Q[0, 0, 0]` in the `q` buffer (even).
+    pub q_offset: u32,
+    /// Element index of `out[0, 0, 0]` in the `out` buffer (even).
+    pub out_offset: u32,
+    pub pad0: u32,
+    pub pad1: u32,
+}
+
+impl WgslParams for AttentionParams {
+    const WGSL_NAME: &'static str = "AttentionParams";
+    const SHADER: &'static str = SHADER;
+    const FIELDS: &'static [(&'static str, usize)] = &[
+        ("n_tokens", offset_of!(AttentionParams, n_tokens)),
+        ("n_head", offset_of!(AttentionParams, n_head)),
+        ("n_kv_head", offset_of!(AttentionParams, n_kv_head)),
+        ("head_dim", offset_of!(AttentionParams, head_dim)),
+        ("pos0", offset_of!(AttentionParams, pos0)),
+        ("window", offset_of!(AttentionParams, window)),
+        ("scale", offset_of!(AttentionParams, scale)),
+        ("softcap", offset_of!(AttentionParams, softcap)),
+        ("q_offset", offset_of!(AttentionParams, q_offset)),
+        ("out_offset", offset_of!(AttentionParams, out_offset)),
+        ("pad0", offset_of!(AttentionParams, pad0)),
+        ("pad1", offset_of!(AttentionParams, pad1)),
+    ];
+}
+
+impl AttentionParams {
+    /// Q and out from element 0 of their buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(n_tokens: u32, n_head: u32, n_kv_head: u32, head_dim: u32, pos0: u32, window: u32, scale: f32, softcap: f32) -> Self {
+        AttentionParams { n_tokens, n_head, n_kv_head, head_dim, pos0, window, scale, softcap, ..Default::default() }
+    }
+
+    /// Cells the cache must hold: every position up to the last token's.
+    pub fn n_cells(&self) -> u64 {
+        self.pos0 as u64 + self.n_tokens as u64
+    }
+
+    /// The cells `[lo, hi)` token `t` attends to.
+    pub fn cell_range(&self, t: u32) -> (u32, u32) {
+        let pos = self.pos0 + t;
+        let lo = if self.window > 0 && pos + 1 > self.window { pos + 1 - self.window } else { 0 };
+        (lo, pos + 1)
+    }
+
+    /// Shape checks shared by [`encode`] and [`reference`].
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::invalid(format!("attention: {m}")));
+        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > MAX_HEAD_DIM {
+            return bad(format!("head_dim {} must be even and at most {MAX_HEAD_DIM}", self.head_dim));
+        }
+        if self.n_head == 0 || self.n_kv_head == 0 || self.n_head % self.n_kv_head != 0 {
+            return bad(format!("n_head {} must be a positive multiple of n_kv_head {}", self.n_head, self.n_kv_head));
+        }
+        if self.q_offset % 2 != 0 || self.out_offset % 2 != 0 {
+            return bad(format!("q_offset {} and out_offset {} must be even", self.q_offset, self.out_offset));
+        }
+        if !(self.scale.is_finite() && self.softcap.is_finite() && self.softcap >= 0.0) {
+            return bad(format!("scale {} and softcap {} must be finite, softcap >= 0", self.scale, self.softcap));
+        }
+        let big = self.n_cells() * self.n_kv_head as u64 * self.head_dim as u64;
+        let rows = self.n_tokens as u64 * self.n_head as u64 * self.head_dim as u64;
+        if big > u32::MAX as u64 || rows + self.q_offset.max(self.out_offset) as u64 > u32::MAX as u64 {
+            return bad("sizes beyond u32 indexing".into());
+        }
+        Ok(())
+    }
+}
+
+/// The kernel shape: workgroup size and whether a workgroup cooperates on one (token, head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionConfig {
+    pub workgroup_size: u32,
+    /// One workgroup per (token, head), two barriers per chunk of `workgroup_size` cells;
+    /// otherwise one invocation per (token, head) and no barrier.
+    pub cooperative: bool,
+}
+
+impl AttentionConfig {
+    /// Thread per (token, head), no barrier: the shape for CPU-emulated adapters.
+    pub const fn simple() -> Self {
+        AttentionConfig { workgroup_size: 64, cooperative: false }
+    }
+
+    /// Workgroup per (token, head); needs `workgroup_size >= head_dim / 2`.
+    pub const fn cooperative(workgroup_size: u32) -> Self {
+        AttentionConfig { workgroup_size, cooperative: true }
+    }
+
+    /// The shape for this device: simple on a CPU adapter (measured: see the decision in
+    /// `tests/attention.rs`' timing log), cooperative with 256 threads elsewhere.
+    pub fn for_device(ctx: &GpuContext) -> Self {
+        if super::matmul::is_cpu_adapter(ctx) {
+            Self::simple()
+        } else {
+            Self::cooperative(256)
+        }
+    }
+
+    /// Clamp to the device and the call: a cooperative workgroup is a power of two within the
+    /// limits and at least `head_dim / 2` (one thread per vec2 of V), else the simple shape; the
+    /// simple shape is kept to cell ranges of at most [`SIMPLE_MAX_ITERATIONS`] loop iterations per
+    /// invocation, else the cooperative one (lavapipe's loop limiter: `shaders/attention.wgsl`,
+    /// LOOP_NOTE).
+    pub fn fit(self, ctx: &GpuContext, p: &AttentionParams) -> Self {
+        let wg = ctx.limits.workgroup_size(self.workgroup_size);
+        let coop_wg = 1 << (31 - wg.leading_zeros());
+        // Workgroup memory: 5 words per thread (sc, pw, lpart, and part as vec2) + the query.
+        let coop_bytes = (coop_wg * 5 + MAX_HEAD_DIM) * 4;
+        let coop_ok = coop_wg >= p.head_dim / 2 && coop_bytes <= ctx.limits.max_compute_workgroup_storage_size;
+        let simple_ok = simple_iterations(p) <= SIMPLE_MAX_ITERATIONS;
+        if coop_ok && (self.cooperative || !simple_ok) {
+            let wg = if self.cooperative { coop_wg } else { ctx.limits.workgroup_size(256) };
+            return AttentionConfig { workgroup_size: 1 << (31 - wg.leading_zeros()), cooperative: true };
+        }
+        AttentionConfig { workgroup_size: if self.cooperative { ctx.limits.workgroup_size(64) } else { wg }, cooperative: false }
+    }
+}
+
+/// Loop iterations one invocation of the simple shape may run (lavapipe stops every loop of an
+/// invocation after 65535 in total; kept below with a margin).
+pub const SIMPLE_MAX_ITERATIONS: u64 = 60_000;
+
+/// Loop iterations of the simple shape's longest (token, head): per cell, the unrolled score and
+/// V loops (`ceil(head_dim / 8)` each) and the two cell loops; per 64-cell chunk the rescale.
+pub fn simple_iterations(p: &AttentionParams) -> u64 {
+    let hd2 = p.head_dim as u64 / 2;
+    let cells = if p.window > 0 { p.n_cells().min(p.window as u64) } else { p.n_cells() };
+    let per_cell = 2 * (hd2 / 4 + hd2 % 4) + 2;
+    cells * per_cell + cells.div_ceil(64) * hd2 + 2 * hd2
+}
+
+pub fn key(cfg: AttentionConfig) -> PipelineKey {
+    let k = PipelineKey::new(SHADER, ENTRY).workgroup_size(cfg.workgroup_size);
+    if cfg.cooperative {
+        k.define("COOP", "")
+    } else {
+        k
+    }
+}
+
+/// The shapes the engine may pick (the naga test compiles each).
+pub fn variants() -> Vec<Variant> {
+    [AttentionConfig::simple(), AttentionConfig::cooperative(128), AttentionConfig::cooperative(256)]
+        .iter()
+        .map(|&c| {
+            let k = key(c);
+            Variant { shader: k.shader, entry: k.entry, defines: k.defines }
+        })
+        .collect()
+}
+
+/// Attention in the device's shape ([`AttentionConfig::for_device`]).
+///
+/// - `q`: `(n_tokens, n_head, head_dim)` f32 from element `p.q_offset`
+/// - `k_cache`, `v_cache`: `(n_ctx, n_kv_head, head_dim)` f32, cells `0 .. pos0 + n_tokens` filled
+/// - `out`: `(n_tokens, n_head, head_dim)` f32 from element `p.out_offset` (a buffer other than `q`)
+pub fn encode(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    p: &AttentionParams,
+    q: &wgpu::Buffer,
+    k_cache: &wgpu::Buffer,
+    v_cache: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) -> Result<()> {
+    encode_with(ctx, encoder, AttentionConfig::for_device(ctx), p, q, k_cache, v_cache, out)
+}
+
+/// [`encode`] with an explicit shape (tests run every shape on every adapter).
+#[allow(clippy::too_many_arguments)]
+pub fn encode_with(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    cfg: AttentionConfig,
+    p: &AttentionParams,
+    q: &wgpu::Buffer,
+    k_cache: &wgpu::Buffer,
+    v_cache: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) -> Result<()> {
+    p.validate()?;
+    if p.n_tokens == 0 {
+        return Ok(());
+    }
+    if q == out {
+        return Err(Error::invalid("attention: out must be a buffer other than q"));
+    }
+    let rows = p.n_tokens as u64 * p.n_head as u64 * p.head_dim as u64 * 4;
+    let cache = p.n_cells() * p.n_kv_head as u64 * p.head_dim as u64 * 4;
+    let short = |what: &str, have: u64, need: u64| {
+        Error::invalid(format!("attention: {what} holds {have} bytes, {need} are needed (pos0 {}, {} tokens)", p.pos0, p.n_tokens))
+    };
+    for (what, buf, need) in [
+        ("q", q, rows + p.q_offset as u64 * 4),
+        ("out", out, rows + p.out_offset as u64 * 4),
+        ("k_cache", k_cache, cache),
+        ("v_cache", v_cache, cache),
+    ] {
+        if buf.size() < need {
+            return Err(short(what, buf.size(), need));
+        }
+    }
+    let cfg = cfg.fit(ctx, p);
+    let pipe = ctx.pipeline(&key(cfg))?;
+    let wg = pipe.decisions.workgroup_size as u64;
+    let coop = pipe.key.defines.iter().any(|(k, _)| k == "COOP");
+    let pairs = p.n_tokens as u64 * p.n_head as u64;
+    let groups = if coop { pairs } else { pairs.div_ceil(wg) };
+    let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
+    let label = pipe.key.label();
+    let ubuf = ctx.uniform_buffer(&label, p);
+    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(&label),
+        layout: &pipe.layout,
+        entries: &[
+            wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 1, resource: q.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 2, resource: k_cache.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 3, resource: v_cache.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 4, resource: out.as_entire_binding() },
+        ],
+    });
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&label), timestamp_writes: None });
+    pass.set_pipeline(&pipe.pipeline);
+    pass.set_bind_group(0, &bind, &[]);
+    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    Ok(())
+}
+
+/// CPU reference in f64 (softmax with max subtraction over exactly the cells the mask allows).
+///
+/// - `q`: `(n_tokens, n_head, head_dim)` from element 0 (the GPU offsets are binding details)
+/// - `k`, `v`: `(>= pos0 + n_tokens, n_kv_head, head_dim)`
+///
+/// Returns `(n_tokens, n_head, head_dim)`. Panics on shapes [`AttentionParams::validate`] rejects.
+pub fn reference(p: &AttentionParams, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
+    p.validate().expect("attention reference: invalid params");
+    let (nh, nkv, hd) = (p.n_head as usize, p.n_kv_head as usize, p.head_dim as usize);
+    let group = nh / nkv;
+    let mut out = vec![0f32; p.n_tokens as usize * nh * hd];
+    let mut scores = Vec::new();
+    for t in 0..p.n_tokens {
+        let (lo, hi) = p.cell_range(t);
+        for h in 0..nh {
+            let kvh = h / group;
+            let qrow = &q[(t as usize * nh + h) * hd..][..hd];
+            scores.clear();
+            for c in lo..hi {
+                let krow = &k[(c as usize * nkv + kvh) * hd..][..hd];
+                let mut s = qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * p.scale as f64;
+                if p.softcap > 0.0 {
+                    let cap = p.softcap as f64;
+                    s = cap * (s / cap).tanh();
+                }
+                scores.push(s);
+            }
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let mut sum = 0f64;
+            let mut acc = vec![0f64; hd];
+            for (i, c) in (lo..hi).enumerate() {
+                let w = (scores[i] - m).exp();
+                sum += w;
+                let vrow = &v[(c as usize * nkv + kvh) * hd..][..hd];
+                for (a, &x) in acc.iter_mut().zip(vrow) {
+                    *a += w * x as f64;
+                }
+            }
+            let o = &mut out[(t as usize * nh + h) * hd..][..hd];
+            for (d, a) in o.iter_mut().zip(&acc) {
+                *d = (a / sum) as f32;
+            }
+        }
+    }
+    out
+}
