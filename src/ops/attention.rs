@@ -151,17 +151,18 @@ impl AttentionConfig {
     /// invocation, else the cooperative one (lavapipe's loop limiter: `shaders/attention.wgsl`,
     /// LOOP_NOTE).
     pub fn fit(self, ctx: &GpuContext, p: &AttentionParams) -> Self {
-        let wg = ctx.limits.workgroup_size(self.workgroup_size);
-        let coop_wg = 1 << (31 - wg.leading_zeros());
-        // Workgroup memory: 5 words per thread (sc, pw, lpart, and part as vec2) + the query.
-        let coop_bytes = (coop_wg * 5 + MAX_HEAD_DIM) * 4;
-        let coop_ok = coop_wg >= p.head_dim / 2 && coop_bytes <= ctx.limits.max_compute_workgroup_storage_size;
+        let pow2 = |n: u32| 1u32 << (31 - ctx.limits.workgroup_size(n).leading_zeros());
+        // A cooperative shape needs WG >= head_dim / 2 and its workgroup memory: 5 words per
+        // thread (sc, pw, lpart, and part as vec2) + the query.
+        let coop_fits = |wg: u32| wg >= p.head_dim / 2 && (wg * 5 + MAX_HEAD_DIM) * 4 <= ctx.limits.max_compute_workgroup_storage_size;
+        let simple = AttentionConfig { workgroup_size: ctx.limits.workgroup_size(if self.cooperative { 64 } else { self.workgroup_size }), cooperative: false };
+        let coop = AttentionConfig { workgroup_size: pow2(if self.cooperative { self.workgroup_size } else { 256 }), cooperative: true };
         let simple_ok = simple_iterations(p) <= SIMPLE_MAX_ITERATIONS;
-        if coop_ok && (self.cooperative || !simple_ok) {
-            let wg = if self.cooperative { coop_wg } else { ctx.limits.workgroup_size(256) };
-            return AttentionConfig { workgroup_size: 1 << (31 - wg.leading_zeros()), cooperative: true };
+        if coop_fits(coop.workgroup_size) && (self.cooperative || !simple_ok) {
+            coop
+        } else {
+            simple
         }
-        AttentionConfig { workgroup_size: if self.cooperative { ctx.limits.workgroup_size(64) } else { wg }, cooperative: false }
     }
 }
 
