@@ -17,6 +17,7 @@ pub mod gguf;
 pub mod gpu;
 pub mod kv;
 pub mod loader;
+pub mod model;
 pub mod ops;
 pub mod quant;
 pub mod rope;

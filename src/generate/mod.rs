@@ -1,7 +1,9 @@
 //! Generation: what turns logits into tokens and messages into prompts.
 //!
 //! - [`sampler`]: llama.cpp's sampler chain, with the GPU doing the vocabulary-wide work.
+//! - [`score`]: teacher-forced scoring (top tokens per position).
 //! - [`chat`]: chat templates (the GGUF's Jinja template, or a built-in one per architecture).
 
 pub mod chat;
 pub mod sampler;
+pub mod score;

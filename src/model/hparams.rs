@@ -1,0 +1,195 @@
+//! Hyperparameters from GGUF metadata, with llama.cpp's defaults where the file is silent.
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::gguf::GgufHeader;
+use crate::rope::RopeType;
+
+/// The architectures cera-web runs. Anything else is `UNSUPPORTED_ARCH`, named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// LLaMA 2/3 (with `rope_freqs`), Mistral.
+    Llama,
+    /// Qwen2: QKV bias.
+    Qwen2,
+    /// Qwen3: per-head QK-norm.
+    Qwen3,
+    /// Granite: embedding, residual, attention and logit scales.
+    Granite,
+    /// Gemma 3: embedding scale, QK-norm, post-attention/post-FFN norms, GeGLU, sliding window.
+    Gemma3,
+}
+
+impl Arch {
+    pub fn from_name(name: &str) -> Result<Self> {
+        Ok(match name {
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "granite" => Arch::Granite,
+            "gemma3" => Arch::Gemma3,
+            other => {
+                return Err(Error::new(
+                    ErrorCode::UnsupportedArch,
+                    format!("architecture \"{other}\" is not supported; cera-web runs llama, qwen2, qwen3, granite and gemma3"),
+                ))
+            }
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Granite => "granite",
+            Arch::Gemma3 => "gemma3",
+        }
+    }
+}
+
+/// The feed-forward activation (SwiGLU or GeGLU), as the GLU kernel names it.
+pub use crate::ops::glu::Activation;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct HParams {
+    pub arch: Arch,
+    pub n_vocab: u32,
+    pub n_embd: u32,
+    pub n_layer: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub head_dim: u32,
+    pub n_ff: u32,
+    pub n_ctx_train: u32,
+    pub rms_eps: f32,
+    pub rope_type: RopeType,
+    pub n_rot: u32,
+    pub rope_base: f32,
+    /// Rope base of sliding-window layers (Gemma 3: 10000, not stored in the file).
+    pub rope_base_swa: f32,
+    /// Linear rope scaling of global layers (positions are multiplied by this).
+    pub rope_freq_scale: f32,
+    /// 0 = no sliding window.
+    pub sliding_window: u32,
+    /// Layer `l` uses the sliding window when `l % pattern < pattern - 1` (Gemma 3: 6).
+    pub swa_pattern: u32,
+    pub embedding_scale: f32,
+    pub residual_scale: f32,
+    /// Multiplies q·k (default 1/sqrt(head_dim)).
+    pub attention_scale: f32,
+    /// Logits are divided by this (Granite); 1 elsewhere.
+    pub logit_scale: f32,
+    pub activation: Activation,
+    pub qk_norm: bool,
+    pub post_norms: bool,
+    pub qkv_bias: bool,
+}
+
+impl HParams {
+    pub fn from_gguf(h: &GgufHeader) -> Result<Self> {
+        let arch_name = h.architecture().ok_or_else(|| Error::new(ErrorCode::BadGguf, "the GGUF has no general.architecture"))?;
+        let arch = Arch::from_name(arch_name)?;
+        let a = arch.name();
+        let key = |k: &str| format!("{a}.{k}");
+        let need = |k: &str| {
+            h.get_u32(&key(k)).ok_or_else(|| Error::new(ErrorCode::BadGguf, format!("the GGUF lacks {} (needed for {a})", key(k))))
+        };
+        let n_embd = need("embedding_length")?;
+        let n_head = need("attention.head_count")?;
+        let n_layer = need("block_count")?;
+        let n_ff = need("feed_forward_length")?;
+        let n_head_kv = h.get_u32(&key("attention.head_count_kv")).unwrap_or(n_head);
+        let head_dim = h.get_u32(&key("attention.key_length")).unwrap_or(n_embd / n_head.max(1));
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || head_dim == 0 || head_dim % 2 != 0 {
+            return Err(Error::new(
+                ErrorCode::BadGguf,
+                format!("inconsistent attention shape: {n_head} heads, {n_head_kv} KV heads, head_dim {head_dim}"),
+            ));
+        }
+        let n_vocab = h
+            .get_u32(&key("vocab_size"))
+            .or_else(|| h.get_str_array("tokenizer.ggml.tokens").map(|t| t.len() as u32))
+            .or_else(|| h.tensor("token_embd.weight").and_then(|t| t.dims.get(1).map(|&d| d as u32)))
+            .ok_or_else(|| Error::new(ErrorCode::BadGguf, "cannot tell the vocabulary size"))?;
+        let rms_eps = h.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5);
+        let rope_type = match arch {
+            Arch::Llama | Arch::Granite => RopeType::Norm,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => RopeType::Neox,
+        };
+        let n_rot = h.get_u32(&key("rope.dimension_count")).unwrap_or(head_dim);
+        let rope_base = h.get_f32(&key("rope.freq_base")).unwrap_or(10000.0);
+        let scaling = h.get_str(&key("rope.scaling.type")).unwrap_or("none");
+        let factor = h.get_f32(&key("rope.scaling.factor")).unwrap_or(1.0);
+        let rope_freq_scale = match scaling {
+            "linear" if factor > 0.0 => 1.0 / factor,
+            _ => 1.0,
+        };
+        let mut hp = HParams {
+            arch,
+            n_vocab,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            n_ctx_train: h.get_u32(&key("context_length")).unwrap_or(4096),
+            rms_eps,
+            rope_type,
+            n_rot,
+            rope_base,
+            rope_base_swa: rope_base,
+            rope_freq_scale,
+            sliding_window: 0,
+            swa_pattern: 1,
+            embedding_scale: 1.0,
+            residual_scale: 1.0,
+            attention_scale: 1.0 / (head_dim as f32).sqrt(),
+            logit_scale: 1.0,
+            activation: Activation::Silu,
+            qk_norm: false,
+            post_norms: false,
+            qkv_bias: false,
+        };
+        match arch {
+            Arch::Llama => {}
+            Arch::Qwen2 => hp.qkv_bias = true,
+            Arch::Qwen3 => hp.qk_norm = true,
+            Arch::Granite => {
+                hp.embedding_scale = h.get_f32(&key("embedding_scale")).unwrap_or(1.0);
+                hp.residual_scale = h.get_f32(&key("residual_scale")).unwrap_or(1.0);
+                hp.attention_scale = h.get_f32(&key("attention.scale")).unwrap_or(hp.attention_scale);
+                hp.logit_scale = h.get_f32(&key("logit_scale")).unwrap_or(1.0);
+            }
+            Arch::Gemma3 => {
+                hp.embedding_scale = (n_embd as f32).sqrt();
+                hp.activation = Activation::GeluTanh;
+                hp.qk_norm = true;
+                hp.post_norms = true;
+                hp.sliding_window = h.get_u32(&key("attention.sliding_window")).unwrap_or(0);
+                // llama.cpp: 5 sliding-window layers then 1 global; local rope base 10000.
+                hp.swa_pattern = h.get_u32(&key("attention.sliding_window_pattern")).unwrap_or(6);
+                hp.rope_base_swa = h.get_f32(&key("rope.freq_base_swa")).unwrap_or(10000.0);
+                // llama.cpp scales Q by 1/sqrt(head_dim) for every size but 27B, whose
+                // query_pre_attn_scalar is n_embd / n_head.
+                if n_layer == 62 {
+                    hp.attention_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
+                }
+            }
+        }
+        Ok(hp)
+    }
+
+    /// Whether layer `l` attends through the sliding window.
+    pub fn is_swa(&self, l: u32) -> bool {
+        self.sliding_window > 0 && self.swa_pattern > 1 && l % self.swa_pattern < self.swa_pattern - 1
+    }
+
+    pub fn kv_dim(&self) -> u32 {
+        self.n_head_kv * self.head_dim
+    }
+
+    pub fn q_dim(&self) -> u32 {
+        self.n_head * self.head_dim
+    }
+}

@@ -1,0 +1,55 @@
+//! GGUF tensor names, in one table (llama.cpp's `LLM_TENSOR_NAMES`).
+
+pub const TOKEN_EMBD: &str = "token_embd.weight";
+pub const OUTPUT_NORM: &str = "output_norm.weight";
+pub const OUTPUT: &str = "output.weight";
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// Per-layer tensors: `blk.{l}.{suffix}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerTensor {
+    AttnNorm,
+    AttnQ,
+    AttnK,
+    AttnV,
+    AttnQBias,
+    AttnKBias,
+    AttnVBias,
+    AttnQNorm,
+    AttnKNorm,
+    AttnOutput,
+    PostAttentionNorm,
+    FfnNorm,
+    FfnGate,
+    FfnUp,
+    FfnDown,
+    PostFfwNorm,
+}
+
+impl LayerTensor {
+    pub fn suffix(self) -> &'static str {
+        use LayerTensor::*;
+        match self {
+            AttnNorm => "attn_norm.weight",
+            AttnQ => "attn_q.weight",
+            AttnK => "attn_k.weight",
+            AttnV => "attn_v.weight",
+            AttnQBias => "attn_q.bias",
+            AttnKBias => "attn_k.bias",
+            AttnVBias => "attn_v.bias",
+            AttnQNorm => "attn_q_norm.weight",
+            AttnKNorm => "attn_k_norm.weight",
+            AttnOutput => "attn_output.weight",
+            PostAttentionNorm => "post_attention_norm.weight",
+            FfnNorm => "ffn_norm.weight",
+            FfnGate => "ffn_gate.weight",
+            FfnUp => "ffn_up.weight",
+            FfnDown => "ffn_down.weight",
+            PostFfwNorm => "post_ffw_norm.weight",
+        }
+    }
+
+    pub fn name(self, layer: u32) -> String {
+        format!("blk.{layer}.{}", self.suffix())
+    }
+}
