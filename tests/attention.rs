@@ -9,6 +9,8 @@ use cera_web::gpu::readback::read_f32;
 use cera_web::gpu::GpuContext;
 use cera_web::ops::attention::{self, AttentionConfig, AttentionParams};
 use common::Rng;
+use std::cell::RefCell;
+use std::rc::Rc;
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
@@ -38,7 +40,7 @@ fn now_ms() -> f64 {
 /// Run `p` in every shape on a cache of `pos0 + n_tokens + 3` cells (the last 3 poisoned) and
 /// compare with the reference. `q_offset`/`out_offset` of `p` are honoured (Q and out then start
 /// that many elements into their buffers).
-async fn check(ctx: &GpuContext, name: &str, p: AttentionParams) {
+async fn check(ctx: &GpuContext, name: &str, shapes: &[AttentionConfig], p: AttentionParams) {
     let (nh, nkv, hd) = (p.n_head as usize, p.n_kv_head as usize, p.head_dim as usize);
     let n_ctx = p.pos0 as usize + p.n_tokens as usize + 3;
     let used = p.n_cells() as usize * nkv * hd;
@@ -59,7 +61,7 @@ async fn check(ctx: &GpuContext, name: &str, p: AttentionParams) {
     let out = ctx.empty_storage("attn out", (p.out_offset as u64 + q.len() as u64) * 4).unwrap();
     let mut times = Vec::new();
     let mut failures = Vec::new();
-    for cfg in SHAPES {
+    for &cfg in shapes {
         let t0 = now_ms();
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         attention::encode_with(ctx, &mut enc, cfg, &p, &qb, &kb, &vb, &out).unwrap();
@@ -90,7 +92,8 @@ async fn check(ctx: &GpuContext, name: &str, p: AttentionParams) {
         }
     }
     assert!(failures.is_empty(), "{name} ({p:?}):\n{}", failures.join("\n"));
-    tlog!("{name}: ms simple / coop128 / coop256 = {:.1} / {:.1} / {:.1}", times[0], times[1], times[2]);
+    let times: Vec<String> = times.iter().map(|t| format!("{t:.0}")).collect();
+    tlog!("{name}: ms per shape (submit to readback) {}", times.join(" / "));
 }
 
 /// A scale of 1/sqrt(head_dim), no window, no cap.
@@ -98,9 +101,25 @@ fn params(n_tokens: u32, n_head: u32, n_kv_head: u32, head_dim: u32, pos0: u32) 
     AttentionParams::new(n_tokens, n_head, n_kv_head, head_dim, pos0, 0, 1.0 / (head_dim as f32).sqrt(), 0.0)
 }
 
+/// In Chrome one context for every test (they run on the page's one thread), so each shape's
+/// pipeline compiles once: SwiftShader's compile of a shape costs 0.1-0.5 s. Natively a context
+/// per test (each test has its own thread, and a context in a thread-local aborts at thread exit).
+async fn context() -> Rc<GpuContext> {
+    if cfg!(not(target_arch = "wasm32")) {
+        return Rc::new(common::context().await);
+    }
+    thread_local!(static CTX: RefCell<Option<Rc<GpuContext>>> = const { RefCell::new(None) });
+    if let Some(c) = CTX.with(|c| c.borrow().clone()) {
+        return c;
+    }
+    let c = Rc::new(common::context().await);
+    CTX.with(|slot| *slot.borrow_mut() = Some(c.clone()));
+    c
+}
+
 async fn run(name: &str, p: AttentionParams) {
-    let ctx = common::context().await;
-    check(&ctx, name, p).await;
+    let ctx = context().await;
+    check(&ctx, name, &SHAPES, p).await;
 }
 
 // Decode (one token) over 1, 7 and 300 cells.
@@ -145,18 +164,21 @@ gpu_test!(softcap_prefill_window, run("softcap_prefill_window", AttentionParams 
 gpu_test!(offsets, run("offsets", AttentionParams { q_offset: 6, out_offset: 10, ..params(3, 4, 2, 64, 5) }));
 
 /// More than 65535 (token, head) pairs: the cooperative shape needs the 2-D grid. Window 1 and
-/// head_dim 2 keep the work tiny (each pair reads one cell).
+/// head_dim 2 keep the work tiny (each pair reads one cell). In Chrome only the simple shape:
+/// SwiftShader spends about 0.5 ms (128 threads) to 1.5 ms (256) per cooperative workgroup,
+/// 35-107 s for these 70400; the 2-D grid of the cooperative shape is proven natively.
 async fn many_pairs() {
-    let ctx = common::context().await;
+    let ctx = context().await;
     let p = AttentionParams { window: 1, ..params(1100, 64, 1, 2, 0) };
     assert!(p.n_tokens as u64 * p.n_head as u64 > ctx.limits.max_compute_workgroups_per_dimension as u64);
-    check(&ctx, "more_than_65535_pairs", p).await;
+    let shapes: &[AttentionConfig] = if cfg!(target_arch = "wasm32") { &SHAPES[..1] } else { &SHAPES };
+    check(&ctx, "more_than_65535_pairs", shapes, p).await;
 }
 gpu_test!(more_than_65535_pairs, many_pairs());
 
 /// Bad shapes get clear errors before anything is encoded.
 async fn bad_arguments() {
-    let ctx = common::context().await;
+    let ctx = context().await;
     let buf = ctx.empty_storage("attn small", 4096).unwrap();
     let out = ctx.empty_storage("attn out", 4096).unwrap();
     let mut enc = ctx.device.create_command_encoder(&Default::default());
