@@ -22,11 +22,12 @@ pub mod ops;
 pub mod quant;
 pub mod rope;
 pub mod selfcheck;
+pub mod tokenizer;
 
 #[cfg(target_arch = "wasm32")]
 pub mod web;
 
-pub use error::{Error, ErrorCode};
+pub use error::{Error, ErrorCode, Result};
 
 // Unit tests marked `wasm_bindgen_test` run in the browser, not in Node.
 #[cfg(all(test, target_arch = "wasm32"))]

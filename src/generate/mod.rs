@@ -1,9 +1,13 @@
 //! Generation: what turns logits into tokens and messages into prompts.
 //!
 //! - [`sampler`]: llama.cpp's sampler chain, with the GPU doing the vocabulary-wide work.
+//! - [`session`]: positions, KV cache + automatic context shift, prefill, the decode loop.
+//! - [`bench`]: prefill/decode speed and the output head's share.
 //! - [`score`]: teacher-forced scoring (top tokens per position).
 //! - [`chat`]: chat templates (the GGUF's Jinja template, or a built-in one per architecture).
 
 pub mod chat;
 pub mod sampler;
 pub mod score;
+pub mod session;
+pub mod bench;

@@ -7,6 +7,8 @@ fn main() {}
 
 #[cfg(not(target_arch = "wasm32"))]
 mod inspect;
+#[cfg(not(target_arch = "wasm32"))]
+mod llm;
 
 #[cfg(not(target_arch = "wasm32"))]
 fn main() {
@@ -34,6 +36,18 @@ fn main() {
                     eprintln!("error: {e}");
                     std::process::exit(1);
                 }
+            }
+        }
+        Some(cmd @ ("generate" | "tokenize" | "score" | "bench")) => {
+            let run = llm::Flags::parse(&args[2..]).and_then(|f| match cmd {
+                "generate" => llm::generate(&f),
+                "tokenize" => llm::tokenize(&f),
+                "score" => llm::score_cmd(&f),
+                _ => llm::bench(&f),
+            });
+            if let Err(e) = run {
+                eprintln!("error: {e}");
+                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument { 2 } else { 1 });
             }
         }
         Some("inspect") => {

@@ -1,0 +1,104 @@
+//! `cera bench`: prefill and decode speed on the current adapter (medians of several runs),
+//! and the share of a decode step spent in the output-head GEMV.
+
+use std::sync::Arc;
+
+use super::sampler::{Sampler, SamplerParams};
+use super::session::{now_s, Session, SessionOptions};
+use crate::error::Result;
+use crate::gpu::GpuContext;
+use crate::model::Model;
+use crate::tokenizer::Tokenizer;
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchReport {
+    pub adapter: String,
+    pub backend: String,
+    pub model: String,
+    pub prompt_tokens: u32,
+    pub gen_tokens: u32,
+    pub runs: u32,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    pub prefill_tok_s_runs: Vec<f64>,
+    pub decode_tok_s_runs: Vec<f64>,
+    /// Milliseconds of one output-head GEMV (timed alone, many in one submission).
+    pub head_gemv_ms: f64,
+    /// `head_gemv_ms` over the median decode step.
+    pub head_share_of_decode: f64,
+}
+
+const TEXT: &str = "The history of the printing press begins in the fifteenth century, when movable type \
+changed how books were made, how ideas travelled and who could read them. Within fifty years \
+presses were running in more than two hundred cities across Europe, and the number of books grew \
+from thousands to millions. ";
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2]
+}
+
+pub async fn run(ctx: &Arc<GpuContext>, model: &Arc<Model>, tok: &Arc<Tokenizer>, n_prompt: u32, n_gen: u32, runs: u32) -> Result<BenchReport> {
+    let mut prompt = tok.encode(TEXT, true, false);
+    let body: Vec<u32> = prompt[1..].to_vec();
+    while prompt.len() < n_prompt as usize {
+        prompt.extend_from_slice(&body);
+    }
+    prompt.truncate(n_prompt.max(1) as usize);
+    let opts = SessionOptions { n_ctx: n_prompt + n_gen + 8, batch: n_prompt.clamp(1, 512), ..Default::default() };
+    let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts)?;
+    let (mut pre, mut dec) = (Vec::new(), Vec::new());
+    // One warm-up run (pipelines compile, buffers settle), then the timed ones.
+    for run in 0..=runs {
+        session.reset();
+        let mut sampler = Sampler::new(SamplerParams::greedy());
+        let t0 = now_s();
+        let mut id = session.step(&prompt, &mut sampler).await?;
+        let t1 = now_s();
+        for _ in 1..n_gen.max(1) {
+            id = session.step(&[id], &mut sampler).await?;
+        }
+        let t2 = now_s();
+        if run > 0 {
+            pre.push(prompt.len() as f64 / (t1 - t0));
+            dec.push((n_gen.max(1) - 1) as f64 / (t2 - t1).max(1e-9));
+        }
+    }
+    let prefill = median(&mut pre.clone());
+    let decode = median(&mut dec.clone());
+    let head_ms = head_gemv_ms(ctx, model).await?;
+    Ok(BenchReport {
+        adapter: ctx.adapter.name.clone(),
+        backend: ctx.adapter.backend.clone(),
+        model: model.weights.header.get_str("general.name").unwrap_or("?").to_string(),
+        prompt_tokens: prompt.len() as u32,
+        gen_tokens: n_gen,
+        runs,
+        prefill_tok_s: prefill,
+        decode_tok_s: decode,
+        prefill_tok_s_runs: pre,
+        decode_tok_s_runs: dec,
+        head_gemv_ms: head_ms,
+        head_share_of_decode: head_ms / (1000.0 / decode.max(1e-9)),
+    })
+}
+
+/// Time the output head alone: 20 GEMVs in one submission, after a warm-up.
+async fn head_gemv_ms(ctx: &GpuContext, model: &Model) -> Result<f64> {
+    let head = model.output_head();
+    let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&vec![0.01f32; head.cols as usize]));
+    let y = ctx.empty_storage("bench y", head.rows * 4)?;
+    let iters = 20;
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let t0 = now_s();
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        for _ in 0..iters {
+            crate::ops::matmul::gemv(ctx, &mut enc, head, &x, 0, &y, 0)?;
+        }
+        ctx.queue.submit([enc.finish()]);
+        crate::gpu::readback::read_buffer(ctx, &y, 0, 4).await?;
+        times.push((now_s() - t0) * 1000.0 / iters as f64);
+    }
+    Ok(median(&mut times[1..].to_vec()))
+}

@@ -1,0 +1,339 @@
+//! A generation session: positions, the KV cache and its automatic context shift, prefill in
+//! batches, the decode loop, stop tokens and strings, and a UTF-8-safe text stream.
+//!
+//! The loop is written once as `async fn`s (readback is the only await) and runs natively
+//! (`pollster::block_on`) and in the browser.
+
+use std::sync::Arc;
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::gpu::GpuContext;
+use crate::kv::KvCache;
+use crate::model::{LogitRows, Model, Workspace};
+use crate::tokenizer::{Detokenizer, Tokenizer};
+
+use super::sampler::{Sampler, SamplerParams};
+
+/// How a session uses its context.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Context size in tokens (cells of the KV cache).
+    pub n_ctx: u32,
+    /// Tokens kept at the start when the context shifts (the prompt's head, e.g. BOS + system).
+    pub n_keep: u32,
+    /// Tokens dropped per shift after `n_keep`; `None`: half of what is not kept (llama.cpp's).
+    pub n_discard: Option<u32>,
+    /// Shift automatically when the context fills (else `CONTEXT_FULL`).
+    pub context_shift: bool,
+    /// Prefill batch size.
+    pub batch: u32,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions { n_ctx: 2048, n_keep: 0, n_discard: None, context_shift: true, batch: 64 }
+    }
+}
+
+/// What one `generate` call produced.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct GenerationStats {
+    pub prompt_tokens: u32,
+    pub generated_tokens: u32,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    pub finish_reason: String,
+    pub context_shifts: u32,
+}
+
+/// Options of one `generate` call.
+#[derive(Clone, Debug, Default)]
+pub struct GenerateOptions {
+    pub max_tokens: u32,
+    pub stop: Vec<String>,
+    pub sampler: SamplerParams,
+}
+
+/// Owns shared handles (`Arc`) so a JS class can hold one without borrowing.
+pub struct Session {
+    ctx: Arc<GpuContext>,
+    model: Arc<Model>,
+    tok: Arc<Tokenizer>,
+    opts: SessionOptions,
+    kv: KvCache,
+    ws: Workspace,
+    /// The token at every position in the cache.
+    tokens: Vec<u32>,
+    /// Whether `ws.logits` row 0 holds the logits after the last token.
+    have_logits: bool,
+    pub shifts: u32,
+}
+
+impl Session {
+    pub fn new(ctx: Arc<GpuContext>, model: Arc<Model>, tok: Arc<Tokenizer>, opts: SessionOptions) -> Result<Self> {
+        if opts.n_ctx < 2 || opts.n_keep >= opts.n_ctx {
+            return Err(Error::invalid(format!("context {} with n_keep {}: n_keep must be below the context", opts.n_ctx, opts.n_keep)));
+        }
+        let kv = model.new_kv_cache(&ctx, opts.n_ctx)?;
+        let batch = opts.batch.clamp(1, opts.n_ctx);
+        let ws = model.workspace(&ctx, batch, 1)?;
+        Ok(Session { ctx, model, tok, opts, kv, ws, tokens: Vec::new(), have_logits: false, shifts: 0 })
+    }
+
+    pub fn n_past(&self) -> u32 {
+        self.kv.n_past()
+    }
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+    pub fn options(&self) -> &SessionOptions {
+        &self.opts
+    }
+    pub fn workspace(&self) -> &Workspace {
+        &self.ws
+    }
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tok
+    }
+    pub fn context(&self) -> &Arc<GpuContext> {
+        &self.ctx
+    }
+
+    /// Forget everything.
+    pub fn reset(&mut self) {
+        self.kv.clear();
+        self.tokens.clear();
+        self.have_logits = false;
+    }
+
+    /// Shift explicitly: drop `n_discard` cells after the first `n_keep`.
+    pub fn shift(&mut self, n_keep: u32, n_discard: u32) -> Result<()> {
+        self.kv.shift(&self.ctx, n_keep, n_discard)?;
+        self.tokens.drain(n_keep as usize..(n_keep + n_discard) as usize);
+        self.shifts += 1;
+        Ok(())
+    }
+
+    /// Make room for `n` more tokens: shift if allowed, else `CONTEXT_FULL`.
+    fn ensure_room(&mut self, n: u32) -> Result<()> {
+        let n_ctx = self.opts.n_ctx;
+        while self.kv.n_past() + n > n_ctx {
+            if !self.opts.context_shift {
+                return Err(Error::new(
+                    ErrorCode::ContextFull,
+                    format!("the context of {n_ctx} tokens is full; enable context shift or use a larger context"),
+                ));
+            }
+            let n_keep = self.opts.n_keep.min(self.kv.n_past());
+            let free = self.kv.n_past() - n_keep;
+            let want = self.opts.n_discard.unwrap_or((free / 2).max(1));
+            let n_discard = want.max(n + self.kv.n_past() - n_ctx).min(free);
+            if n_discard == 0 {
+                return Err(Error::new(ErrorCode::ContextFull, format!("n_keep {n_keep} leaves no room in the context of {n_ctx}")));
+            }
+            self.shift(n_keep, n_discard)?;
+        }
+        Ok(())
+    }
+
+    /// Encode one chunk's forward pass (making room first) and mark its cells used.
+    fn encode_chunk(&mut self, enc: &mut wgpu::CommandEncoder, chunk: &[u32]) -> Result<()> {
+        self.ensure_room(chunk.len() as u32)?;
+        let pos0 = self.kv.n_past();
+        self.model.encode(&self.ctx, enc, &self.ws, &self.kv, chunk, pos0, LogitRows::Last)?;
+        self.kv.advance(chunk.len() as u32)?;
+        self.tokens.extend_from_slice(chunk);
+        Ok(())
+    }
+
+    /// Run `tokens` through the model (in batches), leaving the last one's logits ready.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        for chunk in tokens.chunks(self.ws.max_batch as usize) {
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            self.encode_chunk(&mut enc, chunk)?;
+            self.ctx.queue.submit([enc.finish()]);
+            self.have_logits = true;
+        }
+        Ok(())
+    }
+
+    /// Feed `tokens` and sample the next one: the last chunk's forward pass and the sampling
+    /// share one command buffer, and the only readback is the sampler's (4 bytes when greedy).
+    pub async fn step(&mut self, tokens: &[u32], sampler: &mut Sampler) -> Result<u32> {
+        if tokens.is_empty() {
+            return self.sample(sampler).await;
+        }
+        let batch = self.ws.max_batch as usize;
+        let split = (tokens.len() - 1) / batch * batch;
+        self.feed(&tokens[..split])?;
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        self.encode_chunk(&mut enc, &tokens[split..])?;
+        self.have_logits = true;
+        sampler.sample(&self.ctx, enc, &self.ws.logits, self.model.hp.n_vocab).await
+    }
+
+    /// The logits after the last token (reads back the whole vocabulary: tests and `score`).
+    pub async fn logits(&self) -> Result<Vec<f32>> {
+        if !self.have_logits {
+            return Err(Error::invalid("no logits yet: feed tokens first"));
+        }
+        crate::gpu::readback::read_f32(&self.ctx, &self.ws.logits, 0, self.model.hp.n_vocab as usize).await
+    }
+
+    /// Sample the next token from the current logits.
+    pub async fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
+        if !self.have_logits {
+            return Err(Error::invalid("no logits yet: feed tokens first"));
+        }
+        sampler.sample_logits(&self.ctx, &self.ws.logits, self.model.hp.n_vocab).await
+    }
+
+    /// Generate from `prompt` (token ids, appended to what the session holds): streams
+    /// `(id, text)` to `on_token` (return `false` to stop) and returns the stats.
+    pub async fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32, &str) -> bool,
+    ) -> Result<GenerationStats> {
+        let room = self.opts.n_ctx.saturating_sub(if self.opts.context_shift { self.opts.n_keep } else { self.kv.n_past() });
+        if prompt.len() as u32 >= room {
+            return Err(Error::new(
+                ErrorCode::ContextFull,
+                format!(
+                    "the prompt has {} tokens; it does not fit the context of {} tokens (n_keep {}); shorten it or raise the context size",
+                    prompt.len(),
+                    self.opts.n_ctx,
+                    self.opts.n_keep
+                ),
+            ));
+        }
+        let mut stats = GenerationStats { prompt_tokens: prompt.len() as u32, ..Default::default() };
+        let shifts0 = self.shifts;
+        let mut sampler = Sampler::new(opts.sampler.clone());
+        sampler.accept_all(&self.tokens);
+        sampler.accept_all(prompt);
+        let t0 = now_s();
+        let tok = self.tok.clone();
+        let mut detok = Detokenizer::new(&tok);
+        let mut stop = StopScanner::new(&opts.stop);
+        let mut t_first = None;
+        let mut input: Vec<u32> = prompt.to_vec();
+        let finish;
+        loop {
+            // The sampler accepts what it samples into its penalty history.
+            let id = self.step(&input, &mut sampler).await?;
+            if t_first.is_none() {
+                t_first = Some(now_s());
+            }
+            if self.tok.is_eog(id) {
+                finish = "stop";
+                break;
+            }
+            stats.generated_tokens += 1;
+            let piece = detok.push(id);
+            let (text, hit) = stop.push(&piece);
+            if !on_token(id, &text) {
+                finish = "aborted";
+                break;
+            }
+            if hit {
+                finish = "stop";
+                break;
+            }
+            if opts.max_tokens > 0 && stats.generated_tokens >= opts.max_tokens {
+                finish = "length";
+                break;
+            }
+            input = vec![id];
+        }
+        let tail = stop.flush(&detok.flush());
+        if !tail.is_empty() {
+            on_token(u32::MAX, &tail);
+        }
+        let t_end = now_s();
+        let t_first = t_first.unwrap_or(t_end);
+        stats.prefill_tok_s = prompt.len() as f64 / (t_first - t0).max(1e-9);
+        let decoded = stats.generated_tokens.saturating_sub(1) as f64;
+        stats.decode_tok_s = if decoded > 0.0 { decoded / (t_end - t_first).max(1e-9) } else { 0.0 };
+        stats.finish_reason = finish.to_string();
+        stats.context_shifts = self.shifts - shifts0;
+        Ok(stats)
+    }
+}
+
+/// Holds back text that may be the start of a stop string; reports when one completes.
+struct StopScanner<'s> {
+    stops: &'s [String],
+    pending: String,
+}
+
+impl<'s> StopScanner<'s> {
+    fn new(stops: &'s [String]) -> Self {
+        StopScanner { stops, pending: String::new() }
+    }
+
+    /// Add text; returns what can be emitted and whether a stop string was hit.
+    fn push(&mut self, text: &str) -> (String, bool) {
+        self.pending.push_str(text);
+        if let Some(at) = self.stops.iter().filter(|s| !s.is_empty()).filter_map(|s| self.pending.find(s.as_str())).min() {
+            let out = self.pending[..at].to_string();
+            self.pending.clear();
+            return (out, true);
+        }
+        // Keep the longest suffix that is a prefix of some stop string.
+        let mut keep = 0;
+        for s in self.stops {
+            for (i, _) in self.pending.char_indices() {
+                let suffix = &self.pending[i..];
+                if s.starts_with(suffix) {
+                    keep = keep.max(suffix.len());
+                    break;
+                }
+            }
+        }
+        let cut = self.pending.len() - keep;
+        let out = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        (out, false)
+    }
+
+    fn flush(&mut self, tail: &str) -> String {
+        self.pending.push_str(tail);
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// Seconds since some fixed point, on both targets.
+pub fn now_s() -> f64 {
+    #[cfg(target_arch = "wasm32")]
+    {
+        js_sys::Date::now() / 1000.0
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use std::sync::OnceLock;
+        static T0: OnceLock<std::time::Instant> = OnceLock::new();
+        T0.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StopScanner;
+
+    #[test]
+    fn stop_strings_are_held_back_and_cut() {
+        let stops = vec!["</s>".to_string(), "\n\n".to_string()];
+        let mut s = StopScanner::new(&stops);
+        assert_eq!(s.push("Hello"), ("Hello".to_string(), false));
+        assert_eq!(s.push(" wor<"), (" wor".to_string(), false));
+        assert_eq!(s.push("/"), ("".to_string(), false));
+        assert_eq!(s.push("x"), ("</x".to_string(), false));
+        assert_eq!(s.push("ld\n"), ("ld".to_string(), false));
+        assert_eq!(s.push("\nmore"), ("".to_string(), true));
+    }
+}
