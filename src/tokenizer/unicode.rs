@@ -1,0 +1,57 @@
+//! Codepoint categories exactly as llama.cpp's `unicode.cpp` sees them (its tables, its Unicode
+//! version), and the GPT-2 byte <-> unicode mapping of byte-level BPE.
+
+use super::unicode_data::{FLAG_RANGES, WHITESPACE};
+
+pub(super) const NUMBER: u8 = 0x02;
+pub(super) const LETTER: u8 = 0x04;
+pub(super) const PUNCTUATION: u8 = 0x20;
+
+/// llama.cpp's `unicode_cpt_flags` reduced to what the splitters read. `Flags::NONE` is what its
+/// `_get_flags` returns past the end of a fragment (all bits clear).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Flags {
+    pub cat: u8,
+    pub ws: bool,
+}
+
+impl Flags {
+    pub const NONE: Flags = Flags { cat: 0, ws: false };
+
+    pub fn of(cpt: u32) -> Flags {
+        // the table's ranges are sorted by their first codepoint; the last entry is 0x110000
+        let i = FLAG_RANGES.partition_point(|&(start, _)| start <= cpt);
+        let cat = if i == 0 || i >= FLAG_RANGES.len() { 0x01 } else { FLAG_RANGES[i - 1].1 };
+        let ws = WHITESPACE.binary_search(&cpt).is_ok();
+        Flags { cat, ws }
+    }
+
+    pub fn is_letter(self) -> bool {
+        self.cat & LETTER != 0
+    }
+    pub fn is_number(self) -> bool {
+        self.cat & NUMBER != 0
+    }
+    /// `flags.as_uint() != 0`: any bit set. Every codepoint in range has a category bit (the
+    /// generator asserts it), so this is "inside the fragment".
+    pub fn any(self) -> bool {
+        self.cat != 0 || self.ws
+    }
+}
+
+/// GPT-2's `bytes_to_unicode`: printable bytes map to themselves, the others to U+0100.. in
+/// byte order (llama.cpp `unicode_byte_to_utf8_map`).
+pub(super) fn byte_to_char_table() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let mut n = 0;
+    for b in 0..256u32 {
+        table[b as usize] = if printable(b) {
+            char::from_u32(b).unwrap()
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap()
+        };
+    }
+    table
+}
