@@ -2,7 +2,9 @@
 
 use wasm_bindgen::prelude::*;
 
+pub mod engine;
 pub mod fetch;
+pub mod source;
 
 use crate::error::Error;
 use crate::gpu::{GpuContext, LimitRequest};
