@@ -52,40 +52,84 @@ fn check(tok: &Tokenizer, fx: &Fixture) -> usize {
     let id = |v: i64| (v >= 0).then_some(v as u32);
     assert_eq!(tok.bos_id(), id(fx.bos), "{}: bos", fx.name);
     assert_eq!(tok.eos_id(), id(fx.eos), "{}: eos", fx.name);
-    assert_eq!(tok.eog_ids(), &fx.eog[..], "{}: end-of-generation ids", fx.name);
-    assert_eq!((tok.add_bos(), tok.add_eos()), (fx.add_bos, fx.add_eos), "{}: add_bos/add_eos", fx.name);
+    assert_eq!(
+        tok.eog_ids(),
+        &fx.eog[..],
+        "{}: end-of-generation ids",
+        fx.name
+    );
+    assert_eq!(
+        (tok.add_bos(), tok.add_eos()),
+        (fx.add_bos, fx.add_eos),
+        "{}: add_bos/add_eos",
+        fx.name
+    );
     let mut bad = Vec::new();
     let mut matched = 0;
     for c in &fx.cases {
-        for (mode, add, parse, want) in
-            [("special", true, true, &c.special), ("plain", true, false, &c.plain), ("raw", false, false, &c.raw)]
-        {
+        for (mode, add, parse, want) in [
+            ("special", true, true, &c.special),
+            ("plain", true, false, &c.plain),
+            ("raw", false, false, &c.raw),
+        ] {
             let got = tok.encode(&c.text, add, parse);
             if &got == want {
                 matched += 1;
             } else {
-                bad.push(format!("{mode} {:?}\n  want {want:?}\n  got  {got:?}", c.text));
+                bad.push(format!(
+                    "{mode} {:?}\n  want {want:?}\n  got  {got:?}",
+                    c.text
+                ));
             }
         }
         // decoding round-trips: raw ids hold no control tokens, so the text comes back whole.
         // Not for SentencePiece texts that spell its escapes literally: a typed "▁" is a space to
         // it and "<0x41>" can merge into the byte token for "A" (llama.cpp does the same).
-        let spm_escape = tok.kind() == TokenizerKind::SentencePiece && (c.text.contains('▁') || c.text.contains("<0x"));
+        let spm_escape = tok.kind() == TokenizerKind::SentencePiece
+            && (c.text.contains('▁') || c.text.contains("<0x"));
         if !spm_escape {
-            assert_eq!(tok.decode(&c.raw), c.text, "{}: decode(encode({:?}))", fx.name, c.text);
+            assert_eq!(
+                tok.decode(&c.raw),
+                c.text,
+                "{}: decode(encode({:?}))",
+                fx.name,
+                c.text
+            );
         } else {
-            common_log(&format!("{}: {:?} decodes as {:?}", fx.name, c.text, tok.decode(&c.raw)));
+            common_log(&format!(
+                "{}: {:?} decodes as {:?}",
+                fx.name,
+                c.text,
+                tok.decode(&c.raw)
+            ));
         }
     }
     for (id, [plain, special]) in &fx.pieces {
         let id: u32 = id.parse().unwrap();
-        let (p, s) = (hex(&tok.token_piece(id, false)), hex(&tok.token_piece(id, true)));
+        let (p, s) = (
+            hex(&tok.token_piece(id, false)),
+            hex(&tok.token_piece(id, true)),
+        );
         if (&p, &s) != (plain, special) {
-            bad.push(format!("piece {id} {:?}: want {plain}/{special} got {p}/{s}", tok.token_text(id)));
+            bad.push(format!(
+                "piece {id} {:?}: want {plain}/{special} got {p}/{s}",
+                tok.token_text(id)
+            ));
         }
     }
-    assert!(bad.is_empty(), "{}: {} mismatches with llama.cpp:\n{}", fx.name, bad.len(), bad.join("\n"));
-    common_log(&format!("{}: {matched}/{} encodings and {} pieces match llama.cpp", fx.name, fx.cases.len() * 3, fx.pieces.len()));
+    assert!(
+        bad.is_empty(),
+        "{}: {} mismatches with llama.cpp:\n{}",
+        fx.name,
+        bad.len(),
+        bad.join("\n")
+    );
+    common_log(&format!(
+        "{}: {matched}/{} encodings and {} pieces match llama.cpp",
+        fx.name,
+        fx.cases.len() * 3,
+        fx.pieces.len()
+    ));
     matched
 }
 
@@ -125,22 +169,37 @@ fn rewrite(h: &GgufHeader, edit: &[(&str, Option<MetaValue>)]) -> Vec<u8> {
 fn qwen2_bpe_matches_llama_cpp() {
     let tok = Tokenizer::from_gguf(&header(QWEN2_GGUF)).unwrap();
     assert_eq!(tok.kind(), TokenizerKind::ByteLevelBpe(PreTokenizer::Qwen2));
-    check(&tok, &fixture(include_str!("fixtures/tokenizer/qwen2.json")));
+    check(
+        &tok,
+        &fixture(include_str!("fixtures/tokenizer/qwen2.json")),
+    );
 }
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn llama3_bpe_matches_llama_cpp() {
     let tok = Tokenizer::from_gguf(&header(LLAMA3_GGUF)).unwrap();
-    assert_eq!(tok.kind(), TokenizerKind::ByteLevelBpe(PreTokenizer::Llama3));
-    check(&tok, &fixture(include_str!("fixtures/tokenizer/llama3.json")));
+    assert_eq!(
+        tok.kind(),
+        TokenizerKind::ByteLevelBpe(PreTokenizer::Llama3)
+    );
+    check(
+        &tok,
+        &fixture(include_str!("fixtures/tokenizer/llama3.json")),
+    );
 }
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn gpt2_bpe_matches_llama_cpp() {
     // the qwen vocabulary with llama.cpp's "gpt-2" pre-tokenizer (what the fixture script tokenized)
-    let bytes = rewrite(&header(QWEN2_GGUF), &[("tokenizer.ggml.pre", Some(MetaValue::String("gpt-2".into())))]);
+    let bytes = rewrite(
+        &header(QWEN2_GGUF),
+        &[(
+            "tokenizer.ggml.pre",
+            Some(MetaValue::String("gpt-2".into())),
+        )],
+    );
     let tok = Tokenizer::from_gguf(&header(&bytes)).unwrap();
     assert_eq!(tok.kind(), TokenizerKind::ByteLevelBpe(PreTokenizer::Gpt2));
     check(&tok, &fixture(include_str!("fixtures/tokenizer/gpt2.json")));
@@ -150,7 +209,13 @@ fn gpt2_bpe_matches_llama_cpp() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn default_pre_tokenizer_splits_like_llama_cpp_regexes() {
     // llama.cpp's default chain: [\p{P}\$\+<=>\^~\|]+ , the GPT-2 regex, \p{N}+ , [0-9][0-9][0-9]
-    let words = |s: &str| PreTokenizer::Default.split(s).into_iter().map(|r| s[r].to_string()).collect::<Vec<_>>();
+    let words = |s: &str| {
+        PreTokenizer::Default
+            .split(s)
+            .into_iter()
+            .map(|r| s[r].to_string())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(words("Hello, world!"), ["Hello", ",", " world", "!"]);
     assert_eq!(words("x 12345 y"), ["x", " ", "123", "45", " y"]);
     assert_eq!(words("a  b"), ["a", " ", " b"]);
@@ -159,7 +224,10 @@ fn default_pre_tokenizer_splits_like_llama_cpp_regexes() {
     // with no tokenizer.ggml.pre the default applies (llama.cpp warns about quality)
     let bytes = rewrite(&header(QWEN2_GGUF), &[("tokenizer.ggml.pre", None)]);
     let tok = Tokenizer::from_gguf(&header(&bytes)).unwrap();
-    assert_eq!(tok.kind(), TokenizerKind::ByteLevelBpe(PreTokenizer::Default));
+    assert_eq!(
+        tok.kind(),
+        TokenizerKind::ByteLevelBpe(PreTokenizer::Default)
+    );
     let ids = tok.encode("Hello, world! 12345", false, false);
     assert_eq!(tok.decode(&ids), "Hello, world! 12345");
 }
@@ -168,11 +236,21 @@ fn default_pre_tokenizer_splits_like_llama_cpp_regexes() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn clear_errors() {
     let h = header(QWEN2_GGUF);
-    let err = |bytes: Vec<u8>| Tokenizer::from_gguf(&header(&bytes)).err().expect("an error");
+    let err = |bytes: Vec<u8>| {
+        Tokenizer::from_gguf(&header(&bytes))
+            .err()
+            .expect("an error")
+    };
 
-    let e = err(rewrite(&h, &[("tokenizer.ggml.model", Some(MetaValue::String("t5".into())))]));
+    let e = err(rewrite(
+        &h,
+        &[("tokenizer.ggml.model", Some(MetaValue::String("t5".into())))],
+    ));
     assert_eq!(e.code, ErrorCode::UnsupportedArch);
-    assert!(e.message.contains("tokenizer.ggml.model") && e.message.contains("\"t5\""), "{e}");
+    assert!(
+        e.message.contains("tokenizer.ggml.model") && e.message.contains("\"t5\""),
+        "{e}"
+    );
 
     let e = err(rewrite(&h, &[("tokenizer.ggml.model", None)]));
     assert_eq!(e.code, ErrorCode::BadGguf);
@@ -186,9 +264,18 @@ fn clear_errors() {
     assert_eq!(e.code, ErrorCode::BadGguf);
     assert!(e.message.contains("tokenizer.ggml.merges"), "{e}");
 
-    let e = err(rewrite(&h, &[("tokenizer.ggml.pre", Some(MetaValue::String("made-up".into())))]));
+    let e = err(rewrite(
+        &h,
+        &[(
+            "tokenizer.ggml.pre",
+            Some(MetaValue::String("made-up".into())),
+        )],
+    ));
     assert_eq!(e.code, ErrorCode::UnsupportedArch);
-    assert!(e.message.contains("tokenizer.ggml.pre") && e.message.contains("made-up"), "{e}");
+    assert!(
+        e.message.contains("tokenizer.ggml.pre") && e.message.contains("made-up"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -201,7 +288,10 @@ fn utf8_stream_holds_back_partial_characters() {
     let mut out = String::new();
     for &b in bytes {
         let chunk = s.push(&[b]);
-        assert!(chunk.chars().all(|c| c != char::REPLACEMENT_CHARACTER), "{chunk:?}");
+        assert!(
+            chunk.chars().all(|c| c != char::REPLACEMENT_CHARACTER),
+            "{chunk:?}"
+        );
         out += &chunk;
     }
     out += &s.flush();
@@ -240,14 +330,24 @@ mod gemma {
     fn gemma() -> Tokenizer {
         let p = std::env::var("CERA_TEST_MODEL")
             .map(std::path::PathBuf::from)
-            .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf"));
-        assert!(p.exists(), "{} is missing: run scripts/fetch-model", p.display());
+            .unwrap_or_else(|_| {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("models/gemma-3-270m-q4_k_m.gguf")
+            });
+        assert!(
+            p.exists(),
+            "{} is missing: run scripts/fetch-model",
+            p.display()
+        );
         // header only: the parser stops at Event::Header
         let (h, _) = cera_web::loader::read_header_file(&p).unwrap();
         let t0 = std::time::Instant::now();
         let tok = Tokenizer::from_gguf(&h).unwrap();
         let ms = t0.elapsed().as_secs_f64() * 1e3;
-        tlog!("gemma3: tokenizer built in {ms:.1} ms ({} tokens)", tok.n_vocab());
+        tlog!(
+            "gemma3: tokenizer built in {ms:.1} ms ({} tokens)",
+            tok.n_vocab()
+        );
         assert!(ms < 1000.0, "building the Gemma tokenizer took {ms} ms");
         tok
     }
@@ -257,7 +357,10 @@ mod gemma {
         let tok = gemma();
         assert_eq!(tok.kind(), TokenizerKind::SentencePiece);
         assert_eq!(tok.eot_id(), tok.token_id("<end_of_turn>"));
-        check(&tok, &fixture(include_str!("fixtures/tokenizer/gemma3.json")));
+        check(
+            &tok,
+            &fixture(include_str!("fixtures/tokenizer/gemma3.json")),
+        );
     }
 
     #[test]
@@ -266,7 +369,10 @@ mod gemma {
         // not in the vocabulary as a whole: byte fallback, 4 byte tokens per emoji
         let text = "🦙🫎 x";
         let ids = tok.encode(text, false, false);
-        let byte_tokens = ids.iter().filter(|&&id| tok.token_text(id).is_some_and(|t| t.starts_with("<0x"))).count();
+        let byte_tokens = ids
+            .iter()
+            .filter(|&&id| tok.token_text(id).is_some_and(|t| t.starts_with("<0x")))
+            .count();
         assert!(byte_tokens >= 4, "expected byte-fallback tokens in {ids:?}");
         let mut d = tok.detokenizer();
         let mut out = String::new();
@@ -281,7 +387,10 @@ mod gemma {
         // control tokens render only on request
         let chat = tok.encode("<start_of_turn>user\nhi<end_of_turn>", false, true);
         assert_eq!(tok.decode(&chat), "user\nhi");
-        assert_eq!(tok.decode_with(&chat, true), "<start_of_turn>user\nhi<end_of_turn>");
+        assert_eq!(
+            tok.decode_with(&chat, true),
+            "<start_of_turn>user\nhi<end_of_turn>"
+        );
         assert!(tok.is_eog(tok.token_id("<end_of_turn>").unwrap()));
     }
 }

@@ -8,11 +8,14 @@ use std::collections::{BinaryHeap, HashMap};
 use super::pretok::PreTokenizer;
 use super::vocab::Vocab;
 
+/// A merge `(left, right)` by text.
+type TextPair = (Box<[u8]>, Box<[u8]>);
+
 /// Merge ranks. Both halves of a merge are nearly always tokens, so the pair is keyed by their
 /// ids; the rare merge with a half that is not a token is kept by text.
 pub(super) struct Merges {
     by_id: HashMap<(u32, u32), u32>,
-    by_text: HashMap<(Box<[u8]>, Box<[u8]>), u32>,
+    by_text: HashMap<TextPair, u32>,
 }
 
 impl Merges {
@@ -23,7 +26,9 @@ impl Merges {
         for (rank, m) in merges.iter().enumerate() {
             // llama.cpp: word.find(' ', 1); a merge without a space is the pair ("", ""), which
             // no symbol pair can match
-            let Some(pos) = m.bytes().skip(1).position(|b| b == b' ').map(|p| p + 1) else { continue };
+            let Some(pos) = m.bytes().skip(1).position(|b| b == b' ').map(|p| p + 1) else {
+                continue;
+            };
             let (a, b) = (&m.as_bytes()[..pos], &m.as_bytes()[pos + 1..]);
             match (vocab.find(a), vocab.find(b)) {
                 (Some(x), Some(y)) => {
@@ -46,7 +51,9 @@ impl Merges {
         if self.by_text.is_empty() {
             return None;
         }
-        self.by_text.get(&(Box::<[u8]>::from(a), Box::<[u8]>::from(b))).copied()
+        self.by_text
+            .get(&(Box::<[u8]>::from(a), Box::<[u8]>::from(b)))
+            .copied()
     }
 }
 
@@ -95,7 +102,10 @@ impl Bpe<'_> {
                     next: if end == w.len() { -1 } else { i as i32 + 1 },
                 });
             }
-            let add = |symbols: &[Symbol], queue: &mut BinaryHeap<Reverse<(u32, i32, i32, u32)>>, l: i32, r: i32| {
+            let add = |symbols: &[Symbol],
+                       queue: &mut BinaryHeap<Reverse<(u32, i32, i32, u32)>>,
+                       l: i32,
+                       r: i32| {
                 if l < 0 || r < 0 {
                     return;
                 }
@@ -130,7 +140,11 @@ impl Bpe<'_> {
                     Some(id) => out.push(id),
                     // llama.cpp looks up each byte of the (encoded) piece as a one-byte token and
                     // skips the bytes that are none
-                    None => out.extend(piece.iter().filter_map(|b| self.vocab.find(std::slice::from_ref(b)))),
+                    None => out.extend(
+                        piece
+                            .iter()
+                            .filter_map(|b| self.vocab.find(std::slice::from_ref(b))),
+                    ),
                 }
             }
         }

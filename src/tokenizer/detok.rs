@@ -79,7 +79,11 @@ pub struct Detokenizer<'a> {
 
 impl<'a> Detokenizer<'a> {
     pub fn new(tok: &'a Tokenizer) -> Self {
-        Detokenizer { tok, special: false, utf8: Utf8Stream::new() }
+        Detokenizer {
+            tok,
+            special: false,
+            utf8: Utf8Stream::new(),
+        }
     }
 
     /// Render control tokens' text too (llama.cpp `token_to_piece(..., special = true)`).

@@ -44,7 +44,11 @@ pub enum TokenizerKind {
 
 enum Model {
     Spm,
-    Bpe { merges: Merges, pre: PreTokenizer, ignore_merges: bool },
+    Bpe {
+        merges: Merges,
+        pre: PreTokenizer,
+        ignore_merges: bool,
+    },
 }
 
 /// A vocabulary and the way to cut text into its tokens.
@@ -72,18 +76,51 @@ pub struct Tokenizer {
 
 /// Token texts llama.cpp treats as end of generation (`special_eog_ids`).
 const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<｜end▁of▁sentence｜>", "[e~[",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
 const EOT_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
-    "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
 ];
 const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
-const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
+const FIM_REP_TEXTS: &[&str] = &[
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 
 fn bad(msg: impl Into<String>) -> Error {
@@ -132,12 +169,22 @@ impl Tokenizer {
             None => vec![0.0; n],
             Some(MetaArray::F32(v)) if v.len() >= n => v[..n].to_vec(),
             Some(MetaArray::I32(v)) if v.len() >= n => v[..n].iter().map(|&s| s as f32).collect(),
-            Some(_) => return Err(bad(format!("tokenizer.ggml.scores must be f32 or i32 with {n} entries"))),
+            Some(_) => {
+                return Err(bad(format!(
+                    "tokenizer.ggml.scores must be f32 or i32 with {n} entries"
+                )))
+            }
         };
         let attrs: Vec<u8> = match h.get_array("tokenizer.ggml.token_type") {
             None => vec![attr::NORMAL; n],
-            Some(MetaArray::I32(v)) if v.len() >= n => v[..n].iter().map(|&t| attr::from_token_type(t)).collect(),
-            Some(_) => return Err(bad(format!("tokenizer.ggml.token_type must be i32 with {n} entries"))),
+            Some(MetaArray::I32(v)) if v.len() >= n => {
+                v[..n].iter().map(|&t| attr::from_token_type(t)).collect()
+            }
+            Some(_) => {
+                return Err(bad(format!(
+                    "tokenizer.ggml.token_type must be i32 with {n} entries"
+                )))
+            }
         };
         let model = if is_bpe {
             let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| {
@@ -170,9 +217,18 @@ impl Tokenizer {
             &["tokenizer.ggml.eom_token_id"],
             &["tokenizer.ggml.unknown_token_id"],
             &["tokenizer.ggml.padding_token_id"],
-            &["tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id"],
-            &["tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id"],
-            &["tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id"],
+            &[
+                "tokenizer.ggml.fim_pre_token_id",
+                "tokenizer.ggml.prefix_token_id",
+            ],
+            &[
+                "tokenizer.ggml.fim_suf_token_id",
+                "tokenizer.ggml.suffix_token_id",
+            ],
+            &[
+                "tokenizer.ggml.fim_mid_token_id",
+                "tokenizer.ggml.middle_token_id",
+            ],
             &["tokenizer.ggml.fim_pad_token_id"],
             &["tokenizer.ggml.fim_rep_token_id"],
             &["tokenizer.ggml.fim_sep_token_id"],
@@ -187,7 +243,8 @@ impl Tokenizer {
                 }
             }
         }
-        let [b, e, mut eot, mut eom, u, pad, _fim_pre, _fim_suf, _fim_mid, mut fim_pad, mut fim_rep, mut fim_sep] = ids;
+        let [b, e, mut eot, mut eom, u, pad, _fim_pre, _fim_suf, _fim_mid, mut fim_pad, mut fim_rep, mut fim_sep] =
+            ids;
         (bos, eos, unk) = (b, e, u);
         if let Some(v) = h.get_bool("tokenizer.ggml.add_bos_token") {
             add_bos = v;
@@ -218,7 +275,8 @@ impl Tokenizer {
         // unique in the index, so each candidate text names one id; where several candidates
         // exist (Qwen has <|im_end|> and <|endoftext|>) the first in the list is the EOT here,
         // llama.cpp takes the first in its hash-map order. Both end generation either way.
-        let set_control = |tok: &mut Tokenizer, id: u32| tok.vocab.attrs[id as usize] |= attr::CONTROL;
+        let set_control =
+            |tok: &mut Tokenizer, id: u32| tok.vocab.attrs[id as usize] |= attr::CONTROL;
         for (slot, texts) in [
             (&mut eot, EOT_TEXTS),
             (&mut eom, EOM_TEXTS),
@@ -239,13 +297,18 @@ impl Tokenizer {
             }
         }
         let mut eog: Vec<u32> = [fim_pad, fim_rep, fim_sep].into_iter().flatten().collect();
-        let found: Vec<u32> = EOG_TEXTS.iter().filter_map(|t| tok.vocab.find_str(t)).collect();
+        let found: Vec<u32> = EOG_TEXTS
+            .iter()
+            .filter_map(|t| tok.vocab.find_str(t))
+            .collect();
         for id in found {
             eog.push(id);
             set_control(&mut tok, id);
         }
-        let found: Vec<u32> =
-            ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"].iter().filter_map(|t| tok.vocab.find_str(t)).collect();
+        let found: Vec<u32> = ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"]
+            .iter()
+            .filter_map(|t| tok.vocab.find_str(t))
+            .collect();
         for id in found {
             tok.vocab.attrs[id as usize] = attr::USER_DEFINED; // llama.cpp's gpt-oss rule
         }
@@ -253,10 +316,16 @@ impl Tokenizer {
         eog.sort_unstable();
         eog.dedup();
         let text_of = |tok: &Tokenizer, id: u32| tok.vocab.text(id).to_vec();
-        let has = |tok: &Tokenizer, eog: &[u32], t: &str| eog.iter().any(|&id| text_of(tok, id) == t.as_bytes());
+        let has = |tok: &Tokenizer, eog: &[u32], t: &str| {
+            eog.iter().any(|&id| text_of(tok, id) == t.as_bytes())
+        };
         // o200k_harmony / solar-open: "<|end|>" is not end of generation there
-        if (has(&tok, &eog, "<|return|>") && has(&tok, &eog, "<|call|>") && has(&tok, &eog, "<|end|>"))
-            || (has(&tok, &eog, "<|calls|>") && has(&tok, &eog, "<|flush|>") && has(&tok, &eog, "<|end|>"))
+        if (has(&tok, &eog, "<|return|>")
+            && has(&tok, &eog, "<|call|>")
+            && has(&tok, &eog, "<|end|>"))
+            || (has(&tok, &eog, "<|calls|>")
+                && has(&tok, &eog, "<|flush|>")
+                && has(&tok, &eog, "<|end|>"))
         {
             if let Some(pos) = eog.iter().position(|&id| text_of(&tok, id) == b"<|end|>") {
                 let id = eog.remove(pos);
@@ -274,7 +343,10 @@ impl Tokenizer {
         tok.eot = eot;
 
         let mut specials: Vec<u32> = (0..n as u32)
-            .filter(|&id| tok.vocab.has_attr(id, attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN))
+            .filter(|&id| {
+                tok.vocab
+                    .has_attr(id, attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN)
+            })
             .collect();
         specials.sort_by_key(|&id| std::cmp::Reverse(tok.vocab.text(id).len()));
         tok.specials = specials;
@@ -282,12 +354,19 @@ impl Tokenizer {
         match (model, merges_list) {
             (Some(pre), Some(list)) => {
                 let merges = Merges::new(&tok.vocab, list);
-                tok.model = Model::Bpe { merges, pre, ignore_merges: PreTokenizer::ignore_merges(pre_name) };
+                tok.model = Model::Bpe {
+                    merges,
+                    pre,
+                    ignore_merges: PreTokenizer::ignore_merges(pre_name),
+                };
             }
             _ => {
                 for b in 0..256usize {
                     let hex = format!("<0x{b:02X}>");
-                    tok.byte_tokens[b] = tok.vocab.find_str(&hex).or_else(|| tok.vocab.find(&[b as u8]));
+                    tok.byte_tokens[b] = tok
+                        .vocab
+                        .find_str(&hex)
+                        .or_else(|| tok.vocab.find(&[b as u8]));
                 }
             }
         }
@@ -336,7 +415,8 @@ impl Tokenizer {
     }
     /// A token's text as stored in the vocabulary ("▁the", "Ġthe", "<0x0A>", "<end_of_turn>").
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        ((id as usize) < self.vocab.len()).then(|| std::str::from_utf8(self.vocab.text(id)).unwrap_or(""))
+        ((id as usize) < self.vocab.len())
+            .then(|| std::str::from_utf8(self.vocab.text(id)).unwrap_or(""))
     }
     /// The id of a token text, exactly as stored.
     pub fn token_id(&self, text: &str) -> Option<u32> {
@@ -385,7 +465,11 @@ impl Tokenizer {
                     }
                 }
             }
-            Model::Bpe { merges, pre, ignore_merges } => {
+            Model::Bpe {
+                merges,
+                pre,
+                ignore_merges,
+            } => {
                 let bpe = Bpe {
                     vocab: &self.vocab,
                     merges,
@@ -419,7 +503,9 @@ impl Tokenizer {
             if !parse_special && self.vocab.has_attr(id, attr::CONTROL | attr::UNKNOWN) {
                 continue;
             }
-            let Ok(needle) = std::str::from_utf8(self.vocab.text(id)) else { continue };
+            let Ok(needle) = std::str::from_utf8(self.vocab.text(id)) else {
+                continue;
+            };
             let mut changed = false;
             next.clear();
             for f in &frags {
@@ -467,7 +553,12 @@ impl Tokenizer {
             return match self.model {
                 Model::Spm => {
                     if contains(text, "\u{2581}".as_bytes()) {
-                        Cow::Owned(std::str::from_utf8(text).unwrap_or("").replace('\u{2581}', " ").into_bytes())
+                        Cow::Owned(
+                            std::str::from_utf8(text)
+                                .unwrap_or("")
+                                .replace('\u{2581}', " ")
+                                .into_bytes(),
+                        )
                     } else {
                         Cow::Borrowed(text)
                     }
@@ -477,7 +568,10 @@ impl Tokenizer {
         }
         if a & attr::BYTE != 0 {
             // "<0xXX>" -> the byte (llama.cpp parses text[3..5] as hex)
-            let b = text.get(3..5).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
+            let b = text
+                .get(3..5)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
             return Cow::Owned(b.into_iter().collect());
         }
         Cow::Borrowed(&[])

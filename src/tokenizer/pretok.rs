@@ -30,10 +30,10 @@ impl PreTokenizer {
     pub fn from_name(name: &str) -> Option<PreTokenizer> {
         Some(match name {
             "" | "default" => PreTokenizer::Default,
-            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0"
-            | "mellum" | "modern-bert" => PreTokenizer::Gpt2,
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
-            | "jina-v5-nano" | "dbrx" | "smaug-bpe" => PreTokenizer::Llama3,
+            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es"
+            | "jina-v2-de" | "a.x-4.0" | "mellum" | "modern-bert" => PreTokenizer::Gpt2,
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
+            | "midm-2.0" | "lfm2" | "jina-v5-nano" | "dbrx" | "smaug-bpe" => PreTokenizer::Llama3,
             "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" => PreTokenizer::Qwen2,
             _ => return None,
         })
@@ -44,7 +44,15 @@ impl PreTokenizer {
     pub(super) fn ignore_merges(name: &str) -> bool {
         matches!(
             name,
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "jina-v5-nano"
+            "llama3"
+                | "llama-v3"
+                | "llama-bpe"
+                | "falcon3"
+                | "falcon-h1"
+                | "pixtral"
+                | "midm-2.0"
+                | "lfm2"
+                | "jina-v5-nano"
         )
     }
 
@@ -53,7 +61,10 @@ impl PreTokenizer {
         let cpts: Vec<u32> = text.chars().map(|c| c as u32).collect();
         let flags: Vec<Flags> = cpts.iter().map(|&c| Flags::of(c)).collect();
         let mut offsets = vec![cpts.len()];
-        let s = Text { cpts: &cpts, flags: &flags };
+        let s = Text {
+            cpts: &cpts,
+            flags: &flags,
+        };
         match self {
             PreTokenizer::Gpt2 => offsets = s.gpt2(&offsets),
             PreTokenizer::Llama3 => offsets = s.llama3_qwen2(&offsets, Some(3)),
@@ -67,7 +78,10 @@ impl PreTokenizer {
         }
         // codepoint lengths -> byte ranges
         let mut out = Vec::with_capacity(offsets.len());
-        let mut chars = text.char_indices().map(|(i, _)| i).chain(std::iter::once(text.len()));
+        let mut chars = text
+            .char_indices()
+            .map(|(i, _)| i)
+            .chain(std::iter::once(text.len()));
         let mut start = chars.next().unwrap_or(0);
         for len in offsets {
             if len == 0 {
@@ -156,7 +170,13 @@ impl Text<'_> {
         let mut out = Vec::with_capacity(offsets.len());
         let mut start = 0;
         for &len in offsets {
-            let mut p = Piece { t: self, ini: start, end: start + len, prev_end: start, out: &mut out };
+            let mut p = Piece {
+                t: self,
+                ini: start,
+                end: start + len,
+                prev_end: start,
+                out: &mut out,
+            };
             each(&mut p);
             start += len;
         }
@@ -243,7 +263,9 @@ impl Text<'_> {
                 }
                 let is_rn = |c: u32| c == '\r' as u32 || c == '\n' as u32;
                 // [^\r\n\p{L}\p{N}]?\p{L}+
-                if !(is_rn(cpt) || flags.is_number()) && (flags.is_letter() || p.flags(pos + 1).is_letter()) {
+                if !(is_rn(cpt) || flags.is_number())
+                    && (flags.is_letter() || p.flags(pos + 1).is_letter())
+                {
                     pos += 1;
                     while p.flags(pos).is_letter() {
                         pos += 1;

@@ -48,7 +48,12 @@ impl PartialEq for Bigram {
 impl Eq for Bigram {}
 
 /// Tokenize `text` (spaces already escaped as U+2581) and append the ids to `out`.
-pub(super) fn tokenize(vocab: &Vocab, byte_tokens: &[Option<u32>; 256], text: &str, out: &mut Vec<u32>) {
+pub(super) fn tokenize(
+    vocab: &Vocab,
+    byte_tokens: &[Option<u32>; 256],
+    text: &str,
+    out: &mut Vec<u32>,
+) {
     let bytes = text.as_bytes();
     let mut symbols: Vec<Symbol> = Vec::with_capacity(bytes.len());
     for (i, (off, c)) in text.char_indices().enumerate() {
@@ -68,7 +73,12 @@ pub(super) fn tokenize(vocab: &Vocab, byte_tokens: &[Option<u32>; 256], text: &s
         let (l, r) = (symbols[left as usize], symbols[right as usize]);
         let s = &bytes[l.start as usize..(l.start + l.n + r.n) as usize];
         if let Some(id) = vocab.find(s) {
-            queue.push(Bigram { left, right, score: vocab.scores[id as usize], size: s.len() as u32 });
+            queue.push(Bigram {
+                left,
+                right,
+                score: vocab.scores[id as usize],
+                size: s.len() as u32,
+            });
         }
     };
     for i in 1..symbols.len() as i32 {

@@ -21,7 +21,11 @@ impl Flags {
     pub fn of(cpt: u32) -> Flags {
         // the table's ranges are sorted by their first codepoint; the last entry is 0x110000
         let i = FLAG_RANGES.partition_point(|&(start, _)| start <= cpt);
-        let cat = if i == 0 || i >= FLAG_RANGES.len() { 0x01 } else { FLAG_RANGES[i - 1].1 };
+        let cat = if i == 0 || i >= FLAG_RANGES.len() {
+            0x01
+        } else {
+            FLAG_RANGES[i - 1].1
+        };
         let ws = WHITESPACE.binary_search(&cpt).is_ok();
         Flags { cat, ws }
     }
@@ -43,7 +47,9 @@ impl Flags {
 /// byte order (llama.cpp `unicode_byte_to_utf8_map`).
 pub(super) fn byte_to_char_table() -> [char; 256] {
     let mut table = ['\0'; 256];
-    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let printable = |b: u32| {
+        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
     let mut n = 0;
     for b in 0..256u32 {
         table[b as usize] = if printable(b) {

@@ -69,7 +69,13 @@ impl Vocab {
             ends.push(arena.len() as u32);
         }
         let cap = (n * 2).next_power_of_two().max(16);
-        let mut v = Vocab { arena, ends, scores, attrs, slots: vec![EMPTY; cap] };
+        let mut v = Vocab {
+            arena,
+            ends,
+            scores,
+            attrs,
+            slots: vec![EMPTY; cap],
+        };
         for id in 0..n as u32 {
             v.insert(id);
         }
