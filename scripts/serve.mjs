@@ -30,6 +30,9 @@ const types = {
 };
 
 export let bytesServed = 0;
+// Model bytes only (/models/ and /__flaky/): what the cache tests count.
+let modelBytesServed = 0;
+let requests = 0;
 
 function resolvePath(urlPath) {
   for (const [prefix, dir] of mounts) {
@@ -53,6 +56,23 @@ const cors = {
 
 const server = createServer((req, res) => {
   const url = new URL(req.url, 'http://localhost');
+  // Test hooks: /__bytes reports (and ?reset=1 zeroes) the model bytes served; /__flaky/X serves
+  // /models/X but drops the connection after ?drop=N bytes (a resumable-download test).
+  if (url.pathname === '/__bytes') {
+    const body = JSON.stringify({ bytesServed, modelBytesServed, requests });
+    if (url.searchParams.get('reset')) modelBytesServed = requests = 0;
+    res.writeHead(200, { ...cors, 'content-type': 'application/json', 'cache-control': 'no-store' });
+    res.end(body);
+    return;
+  }
+  let dropAfter = Infinity;
+  const flaky = url.pathname.startsWith('/__flaky/');
+  if (flaky) {
+    if (!req.headers.range) dropAfter = Number(url.searchParams.get('drop') || 1 << 20);
+    url.pathname = '/models/' + url.pathname.slice('/__flaky/'.length);
+  }
+  const isModel = url.pathname.startsWith('/models/');
+  if (isModel) requests++;
   if (req.method === 'OPTIONS') {
     res.writeHead(204, cors);
     res.end();
@@ -108,7 +128,16 @@ const server = createServer((req, res) => {
     return;
   }
   const stream = createReadStream(file, { start, end });
-  stream.on('data', (chunk) => (bytesServed += chunk.length));
+  let sent = 0;
+  stream.on('data', (chunk) => {
+    bytesServed += chunk.length;
+    if (isModel) modelBytesServed += chunk.length;
+    sent += chunk.length;
+    if (sent >= dropAfter) {
+      stream.destroy();
+      res.destroy();
+    }
+  });
   stream.pipe(res);
 });
 
