@@ -9,6 +9,9 @@
 
 mod common;
 
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
+
 use std::collections::HashMap;
 
 use cera_web::gguf::{parse_bytes, GgufHeader, GgufWriter, MetaValue};

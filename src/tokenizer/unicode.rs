@@ -61,3 +61,53 @@ pub(super) fn byte_to_char_table() -> [char; 256] {
     }
     table
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn categories_follow_llama_cpp_tables() {
+        assert!(
+            Flags::of('a' as u32).is_letter()
+                && Flags::of('é' as u32).is_letter()
+                && Flags::of('中' as u32).is_letter()
+        );
+        assert!(
+            Flags::of('7' as u32).is_number()
+                && Flags::of('٣' as u32).is_number()
+                && Flags::of('Ⅻ' as u32).is_number()
+        );
+        assert!(
+            Flags::of(' ' as u32).ws
+                && Flags::of(0x3000).ws
+                && Flags::of(0x85).ws
+                && !Flags::of('a' as u32).ws
+        );
+        assert_eq!(Flags::of(',' as u32).cat, PUNCTUATION);
+        assert_eq!(Flags::of(0x301).cat, 0x10); // combining acute: \p{M}
+        assert_eq!(
+            Flags::of(0x110000),
+            Flags {
+                cat: 0x01,
+                ws: false
+            }
+        ); // past Unicode: undefined
+        assert!(!Flags::NONE.any() && Flags::of(0x10FFFD).any());
+    }
+
+    #[test]
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    fn gpt2_byte_mapping() {
+        let t = byte_to_char_table();
+        assert_eq!(t[b' ' as usize], 'Ġ');
+        assert_eq!(t[b'\n' as usize], 'Ċ');
+        assert_eq!(t[b'a' as usize], 'a');
+        assert_eq!(t[0xAD], 'Ń'); // the soft hyphen, the 68th unprintable byte: U+0100 + 67
+        let mut all: Vec<char> = t.to_vec();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 256);
+    }
+}
