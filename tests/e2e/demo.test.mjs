@@ -1,69 +1,239 @@
-// End-to-end: the demo page served by scripts/serve.mjs runs the kv_shift self-check on
-// headless Chromium's WebGPU (SwiftShader) and reports a pass. Needs `scripts/build` first.
+// End-to-end: the demo page and the JS API in headless Chromium (WebGPU on SwiftShader) with the
+// real model (Gemma 3 270M Q4_K_M) served by scripts/serve.mjs. Needs `scripts/build` first.
+// One browser (one profile, so one Cache API store) and one server for every test; the tests run
+// in order and the later ones rely on the cache the first one fills. SwiftShader is slow (a
+// decode step is ~2.5 s here): every generation is a handful of tokens, and timings are printed.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdirSync, readFileSync } from 'node:fs';
-import { chromium } from 'playwright-core';
+import { launchChromium, root, startServer } from '../../scripts/browser.mjs';
 
-const root = new URL('../..', import.meta.url).pathname;
 const port = Number(process.env.CERA_E2E_PORT || 18791);
 const outDir = `${root}/test-output`;
+const MODEL = '/models/gemma-3-270m-q4_k_m.gguf';
+const MODEL_BYTES = 253113024;
+const oracle = JSON.parse(readFileSync(`${root}/tests/fixtures/oracle/gemma3-270m.greedy.json`, 'utf8')).prompts.capital_raw;
+// llama.cpp's greedy continuation up to its first near-tie (margin < 0.5 at step 3).
+const FIRST_NEAR_TIE = oracle.margin.findIndex((m) => m < 0.5);
+const EXPECTED = oracle.ids.slice(0, FIRST_NEAR_TIE);
+
 let server;
 let browser;
-
-// Browser flags come from wasm-pack.toml ([browser] chrome-args), the one place for them.
-function chromeArgs() {
-  const toml = readFileSync(`${root}/wasm-pack.toml`, 'utf8');
-  const block = toml.slice(toml.indexOf('chrome-args'));
-  return [...block.slice(0, block.indexOf(']')).matchAll(/"([^"]+)"/g)].map((m) => m[1]).filter((a) => !a.startsWith('--headless'));
-}
+let workerIds = null;
+const log = (...a) => console.log('[e2e]', ...a);
 
 before(async () => {
   mkdirSync(outDir, { recursive: true });
-  server = spawn(process.execPath, [`${root}/scripts/serve.mjs`, '--port', String(port)], { stdio: 'ignore' });
-  for (let i = 0; i < 50; i++) {
-    try {
-      if ((await fetch(`http://127.0.0.1:${port}/`)).ok) break;
-    } catch {}
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-    args: chromeArgs(),
-  });
+  server = await startServer(port);
+  browser = await launchChromium();
 });
 
 after(async () => {
   await browser?.close();
-  server?.kill();
+  server?.stop();
 });
 
-test('demo page passes the GPU self-check', { timeout: 180_000 }, async () => {
-  const page = await browser.newPage({ viewport: { width: 1100, height: 900 } });
+async function newPage(path) {
+  const page = await browser.newPage();
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
-  await page.goto(`http://127.0.0.1:${port}/`);
-  await page.waitForFunction(() => document.body.dataset.result, null, { timeout: 170_000 });
-  const result = await page.evaluate(() => document.body.dataset.result);
-  const status = await page.textContent('#status');
-  await page.screenshot({ path: `${outDir}/demo-selfcheck.png`, fullPage: true });
-  assert.deepEqual(errors, []);
-  assert.equal(result, 'pass', status);
-  const rows = await page.$$eval('#cases tbody tr', (trs) => trs.map((t) => t.textContent));
-  assert.equal(rows.length, 2);
-  const limits = await page.textContent('#limits');
-  assert.match(limits, /maxStorageBufferBindingSize/);
+  page.on('console', (m) => m.type() === 'error' && errors.push(m.text()));
+  await page.goto(`${server.url}${path}`);
+  return { page, errors };
+}
+
+const waitState = (page, state, timeout = 120_000) =>
+  page.waitForFunction((s) => document.body.dataset.state === s, state, { timeout });
+
+test('demo: loads the real model in the worker, progress reaches 100%, greedy matches llama.cpp', { timeout: 300_000 }, async () => {
+  assert.ok(FIRST_NEAR_TIE >= 3, 'fixture: first near-tie');
+  await server.resetBytes();
+  const { page } = await newPage('/?autoload=1&debug=1');
+  const t0 = Date.now();
+  await waitState(page, 'ready');
+  const loadMs = Date.now() - t0;
+  const progress = await page.evaluate(() => ({ p: window.demo.progress, bar: document.body.dataset.progress, info: window.demo.info }));
+  assert.equal(progress.bar, '100');
+  assert.equal(progress.info.load.bytes, MODEL_BYTES);
+  assert.equal(progress.info.load.origin, 'network');
+  assert.equal(progress.info.load.cached, true, 'the first load fills the cache');
+  const served = (await server.bytes()).modelBytesServed;
+  assert.ok(served >= MODEL_BYTES, `served ${served}`);
+  // Greedy raw completion, token ids from the worker engine.
+  const r = await page.evaluate(async (prompt) => {
+    const s = window.demo.engine.generate(prompt, { temperature: 0, maxTokens: 4 });
+    const ids = [];
+    let text = '';
+    for await (const t of s) {
+      if (t.tokenId !== null) ids.push(t.tokenId);
+      text += t.text;
+    }
+    return { ids, text, stats: await s.stats };
+  }, oracle.prompt);
+  log(`cold load (network) ${loadMs} ms; peak wasm heap ${(progress.info.load.peakWasmHeapBytes / 1048576).toFixed(1)} MiB;`,
+    `first token ${r.stats.firstTokenMs.toFixed(0)} ms; prefill ${r.stats.prefillTokS.toFixed(2)} tok/s; decode ${r.stats.decodeTokS.toFixed(2)} tok/s;`,
+    `text ${JSON.stringify(r.text)}`);
+  assert.deepEqual(r.ids.slice(0, EXPECTED.length), EXPECTED);
+  assert.deepEqual(r.stats.promptTokens, oracle.prompt_tokens.length);
+  workerIds = r.ids;
+  await page.close();
 });
 
-test('a page without WebGPU shows the NO_WEBGPU message', { timeout: 60_000 }, async () => {
+test('demo: chat streams, a screenshot mid-chat, Stop ends it within a bound, the next turn reuses the KV cache', { timeout: 300_000 }, async () => {
+  const { page, errors } = await newPage('/?autoload=1');
+  await waitState(page, 'ready');
+  await page.fill('#input', 'Write a short poem about the sea.');
+  await page.click('#send');
+  // Wait for streamed text in the assistant bubble, then take the screenshot.
+  await page.waitForFunction(() => (document.querySelector('.msg.assistant.streaming')?.textContent ?? '').length > 0, null, { timeout: 120_000 });
+  await page.screenshot({ path: `${outDir}/demo-mid-chat.png`, fullPage: true });
+  const t0 = Date.now();
+  await page.click('#stop');
+  await waitState(page, 'ready', 60_000);
+  const stopMs = Date.now() - t0;
+  const s1 = await page.evaluate(() => window.demo.lastStats);
+  log(`stop took ${stopMs} ms; finish ${s1.finishReason} after ${s1.generatedTokens} tokens`);
+  assert.equal(s1.finishReason, 'aborted');
+  assert.ok(stopMs < 15_000, `stop took ${stopMs} ms`);
+  // Second turn: the first turn's tokens stay in the KV cache.
+  const r = await page.evaluate(() => window.demo.send('Thanks!', { maxTokens: 2 }));
+  log(`second turn: ${r.stats.promptTokens} prompt tokens, ${r.stats.reusedTokens} reused, ${r.stats.prefilledTokens} prefilled`);
+  assert.ok(r.stats.reusedTokens >= s1.promptTokens, JSON.stringify(r.stats));
+  assert.equal(r.stats.prefilledTokens, r.stats.promptTokens - r.stats.reusedTokens);
+  assert.equal(await page.locator('.msg.user').count(), 2);
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
+test('demo: a second load with the cache enabled transfers no model bytes', { timeout: 180_000 }, async () => {
+  await server.resetBytes();
+  const { page } = await newPage('/?autoload=1');
+  const t0 = Date.now();
+  await waitState(page, 'ready');
+  const loadMs = Date.now() - t0;
+  const info = await page.evaluate(() => window.demo.info);
+  const r = await page.evaluate(() => window.demo.send('The capital of France is', { raw: true, temperature: 0, maxTokens: 1 }));
+  const served = await server.bytes();
+  log(`cached load ${loadMs} ms (engine ${info.load.loadMs.toFixed(0)} ms), first token after ${r.stats.firstTokenMs.toFixed(0)} ms; model bytes served ${served.modelBytesServed}`);
+  assert.equal(info.load.origin, 'cache');
+  assert.equal(served.modelBytesServed, 0);
+  assert.equal(served.requests, 0);
+  await page.close();
+});
+
+test('demo: a small context shifts at least twice and the page counts the shifts', { timeout: 300_000 }, async () => {
+  const { page } = await newPage('/?autoload=1&context=8&nkeep=1');
+  await waitState(page, 'ready');
+  const r = await page.evaluate(() => window.demo.send('The capital of France is', { raw: true, temperature: 0, maxTokens: 8 }));
+  const shown = Number(await page.textContent('#shift-count'));
+  log(`context 8: ${r.stats.contextShifts} shifts, text ${JSON.stringify(r.text)}`);
+  assert.ok(r.stats.contextShifts >= 2, JSON.stringify(r.stats));
+  assert.equal(shown, r.stats.totalContextShifts);
+  assert.equal(r.stats.generatedTokens, 8);
+  assert.ok(r.text.trim().length > 0);
+  assert.ok(r.stats.nPast <= 8);
+  await page.close();
+});
+
+test('js API on the main thread: same greedy ids as the worker, CONTEXT_FULL, dispose frees every buffer, abort leaves none', { timeout: 300_000 }, async () => {
+  const { page } = await newPage('/headless.html');
+  const r = await page.evaluate(async ({ model, prompt }) => {
+    const m = await import('/js/index.js');
+    const counter = m.countGpuBuffers();
+    const out = {};
+    const engine = await m.Engine.load(model, { cache: true, contextSize: 64 });
+    out.liveLoaded = counter.live;
+    const s = engine.generate(prompt, { temperature: 0, maxTokens: 4 });
+    out.ids = [];
+    for await (const t of s) if (t.tokenId !== null) out.ids.push(t.tokenId);
+    out.tokenize = engine.tokenize(prompt);
+    out.detok = engine.detokenize(out.tokenize);
+    engine.dispose();
+    out.liveDisposed = counter.live;
+    try {
+      engine.info();
+    } catch (e) {
+      out.afterDispose = e.code;
+    }
+    // contextShift: false -> CONTEXT_FULL
+    const small = await m.Engine.load(model, { cache: true, contextSize: 8, contextShift: false });
+    try {
+      await small.generate(prompt, { temperature: 0, maxTokens: 8 }).text();
+    } catch (e) {
+      out.full = e.code;
+    }
+    small.dispose();
+    // Abort a load half-way (from the network, no cache).
+    const ctl = new AbortController();
+    const t0 = performance.now();
+    try {
+      await m.Engine.load(model, { signal: ctl.signal, onProgress: (p) => p.loadedBytes > 60e6 && ctl.abort() });
+    } catch (e) {
+      out.aborted = e.code;
+    }
+    out.abortMs = performance.now() - t0;
+    out.liveAborted = counter.live;
+    return out;
+  }, { model: MODEL, prompt: oracle.prompt });
+  log(`main thread: ${r.liveLoaded} buffers while loaded; abort after ${r.abortMs.toFixed(0)} ms`);
+  assert.deepEqual(r.tokenize, oracle.prompt_tokens);
+  assert.equal(r.detok, oracle.prompt);
+  assert.ok(workerIds, 'the worker test ran first');
+  assert.deepEqual(r.ids, workerIds);
+  assert.ok(r.liveLoaded > 100);
+  assert.equal(r.liveDisposed, 0);
+  assert.equal(r.afterDispose, 'INVALID_ARGUMENT');
+  assert.equal(r.full, 'CONTEXT_FULL');
+  assert.equal(r.aborted, 'ABORTED');
+  assert.equal(r.liveAborted, 0);
+  await page.close();
+});
+
+test('js API: a dropped download resumes with a Range request', { timeout: 180_000 }, async () => {
+  const { page } = await newPage('/headless.html');
+  const r = await page.evaluate(async () => {
+    const m = await import('/js/index.js');
+    const engine = await m.Engine.load('/__flaky/gemma-3-270m-q4_k_m.gguf?drop=40000000', { expectedSize: 253113024 });
+    const info = engine.info();
+    const text = await engine.generate('The capital of France is', { temperature: 0, maxTokens: 1 }).text();
+    engine.dispose();
+    return { load: info.load, text };
+  });
+  log(`flaky download: ${r.load.resumes} resume(s), ${r.load.bytes} bytes, text ${JSON.stringify(r.text)}`);
+  assert.ok(r.load.resumes >= 1);
+  assert.equal(r.load.bytes, MODEL_BYTES);
+  assert.equal(r.text, ' the');
+  await page.close();
+});
+
+test('a page without WebGPU shows the NO_WEBGPU message and the API throws NO_WEBGPU', { timeout: 60_000 }, async () => {
   const page = await browser.newPage();
   await page.addInitScript(() => {
     delete Navigator.prototype.gpu;
   });
-  await page.goto(`http://127.0.0.1:${port}/`);
-  await page.waitForFunction(() => document.body.dataset.result, null, { timeout: 50_000 });
-  assert.equal(await page.evaluate(() => document.body.dataset.result), 'no-webgpu');
+  await page.goto(`${server.url}/`);
+  await waitState(page, 'no-webgpu', 30_000);
   assert.equal(await page.isVisible('#nowebgpu'), true);
-  assert.match(await page.textContent('#status'), /NO_WEBGPU/);
+  assert.match(await page.textContent('#nowebgpu-msg'), /NO_WEBGPU/);
+  const code = await page.evaluate(async () => {
+    const m = await import('/js/index.js');
+    try {
+      await m.Engine.load('/models/none.gguf');
+    } catch (e) {
+      return e.code;
+    }
+  });
+  assert.equal(code, 'NO_WEBGPU');
+  await page.close();
+});
+
+test('demo: the GPU self-check panel passes', { timeout: 180_000 }, async () => {
+  const { page, errors } = await newPage('/');
+  await page.click('#selfcheck-card summary');
+  await page.click('#rerun');
+  await page.waitForFunction(() => document.body.dataset.selfcheck, null, { timeout: 170_000 });
+  assert.equal(await page.evaluate(() => document.body.dataset.selfcheck), 'pass', await page.textContent('#status'));
+  assert.equal(await page.locator('#cases tbody tr').count(), 2);
+  assert.deepEqual(errors, []);
+  await page.close();
 });
