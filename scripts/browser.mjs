@@ -2,7 +2,7 @@
 // server (scripts/serve.mjs), for scripts/generate.mjs, scripts/bench-browser.mjs and the e2e
 // tests. playwright-core drives Debian's /usr/bin/chromium; no browser is ever downloaded.
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -46,5 +46,11 @@ export async function launchChromium() {
     headless: true,
     viewport: { width: 1280, height: 900 },
   });
+  // The profile holds the Cache API copy of the model: remove it with the browser.
+  const close = context.close.bind(context);
+  context.close = async () => {
+    await close();
+    rmSync(userDataDir, { recursive: true, force: true });
+  };
   return context;
 }

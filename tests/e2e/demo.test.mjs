@@ -5,8 +5,9 @@
 // decode step is ~2.5 s here): every generation is a handful of tokens, and timings are printed.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdirSync, readFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { launchChromium, root, startServer } from '../../scripts/browser.mjs';
+import { splitGguf } from './gguf-split.mjs';
 
 const port = Number(process.env.CERA_E2E_PORT || 18791);
 const outDir = `${root}/test-output`;
@@ -135,6 +136,27 @@ test('demo: a small context shifts at least twice and the page counts the shifts
   await page.close();
 });
 
+test('demo: the local file picker loads the model (a File through the worker)', { timeout: 180_000 }, async () => {
+  await server.resetBytes();
+  const { page, errors } = await newPage('/');
+  await waitState(page, 'idle');
+  await page.check('input[name=source][value=file]');
+  await page.setInputFiles('#model-file', `${root}${MODEL}`);
+  await page.uncheck('#use-cache');
+  const t0 = Date.now();
+  await page.click('#load');
+  await waitState(page, 'ready');
+  const info = await page.evaluate(() => window.demo.info);
+  log(`file load ${Date.now() - t0} ms`);
+  assert.equal(info.load.origin, 'file');
+  assert.equal(info.load.bytes, MODEL_BYTES);
+  assert.equal((await server.bytes()).modelBytesServed, 0);
+  const r = await page.evaluate(() => window.demo.send('The capital of France is', { raw: true, temperature: 0, maxTokens: 1 }));
+  assert.equal(r.text, ' the');
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
 test('js API on the main thread: same greedy ids as the worker, CONTEXT_FULL, dispose frees every buffer, abort leaves none', { timeout: 300_000 }, async () => {
   const { page } = await newPage('/headless.html');
   const r = await page.evaluate(async ({ model, prompt }) => {
@@ -204,6 +226,35 @@ test('js API: a dropped download resumes with a Range request', { timeout: 180_0
   assert.equal(r.load.bytes, MODEL_BYTES);
   assert.equal(r.text, ' the');
   await page.close();
+});
+
+test('js API: a split GGUF (*-00001-of-00003.gguf) loads from the first part\'s URL', { timeout: 180_000 }, async () => {
+  const dir = `${root}/models/split-e2e`;
+  mkdirSync(dir, { recursive: true });
+  const t0 = Date.now();
+  splitGguf(`${root}${MODEL}`, 3, (i) => `${dir}/gemma-${String(i).padStart(5, '0')}-of-00003.gguf`);
+  log(`split into 3 parts in ${Date.now() - t0} ms`);
+  try {
+    const { page } = await newPage('/headless.html');
+    const r = await page.evaluate(async () => {
+      const m = await import('/js/index.js');
+      const parts = new Set();
+      const engine = await m.Engine.load('/models/split-e2e/gemma-00001-of-00003.gguf', { onProgress: (p) => parts.add(p.part) });
+      const info = engine.info();
+      const s = engine.generate('The capital of France is', { temperature: 0, maxTokens: 3 });
+      const ids = [];
+      for await (const t of s) if (t.tokenId !== null) ids.push(t.tokenId);
+      engine.dispose();
+      return { load: info.load, ids, parts: [...parts].filter(Boolean) };
+    });
+    log(`split load: ${r.load.parts} parts, ${r.load.bytes} bytes, ids ${r.ids}`);
+    assert.equal(r.load.parts, 3);
+    assert.deepEqual(r.parts, [1, 2, 3]);
+    assert.deepEqual(r.ids, EXPECTED);
+    await page.close();
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test('a page without WebGPU shows the NO_WEBGPU message and the API throws NO_WEBGPU', { timeout: 60_000 }, async () => {
