@@ -157,6 +157,21 @@ test('demo: the local file picker loads the model (a File through the worker)', 
   await page.close();
 });
 
+test('demo: Cancel aborts a load in the worker with ABORTED', { timeout: 120_000 }, async () => {
+  const { page } = await newPage('/');
+  await waitState(page, 'idle');
+  await page.uncheck('#use-cache');
+  await page.click('#load');
+  await page.waitForFunction(() => Number(document.body.dataset.progress) > 10, null, { timeout: 60_000 });
+  const t0 = Date.now();
+  await page.click('#cancel-load');
+  await waitState(page, 'idle', 30_000);
+  log(`cancel took ${Date.now() - t0} ms`);
+  assert.match(await page.textContent('#progress-text'), /^ABORTED/);
+  assert.equal(await page.evaluate(() => window.demo.engine), null);
+  await page.close();
+});
+
 test('js API on the main thread: same greedy ids as the worker, CONTEXT_FULL, dispose frees every buffer, abort leaves none', { timeout: 300_000 }, async () => {
   const { page } = await newPage('/headless.html');
   const r = await page.evaluate(async ({ model, prompt }) => {
@@ -255,6 +270,44 @@ test('js API: a split GGUF (*-00001-of-00003.gguf) loads from the first part\'s 
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+});
+
+test('js API: ReadableStream and ArrayBuffer sources, SHA-256 checked while streaming, BAD_GGUF', { timeout: 180_000 }, async () => {
+  const { page } = await newPage('/headless.html');
+  const r = await page.evaluate(async ({ model, sha }) => {
+    const m = await import('/js/index.js');
+    const out = {};
+    let t0 = performance.now();
+    const e1 = await m.Engine.load((await fetch(model)).body, { expectedSha256: sha });
+    out.stream = { ...e1.info().load, ms: performance.now() - t0 };
+    e1.dispose();
+    const bytes = await (await fetch(model)).arrayBuffer();
+    t0 = performance.now();
+    try {
+      await m.Engine.load(bytes, { expectedSha256: '00'.repeat(32) });
+    } catch (e) {
+      out.wrongSha = e.code;
+    }
+    out.wrongShaMs = performance.now() - t0;
+    try {
+      await m.Engine.load(new Uint8Array(4096).fill(7));
+    } catch (e) {
+      out.garbage = e.code;
+    }
+    try {
+      await m.Engine.load('/models/does-not-exist.gguf');
+    } catch (e) {
+      out.missing = e.code;
+    }
+    return out;
+  }, { model: MODEL, sha: JSON.parse(readFileSync(`${root}/tests/fixtures/oracle/gemma3-270m.greedy.json`, 'utf8')).model_sha256 });
+  log(`ReadableStream load with SHA-256 ${r.stream.ms.toFixed(0)} ms; ArrayBuffer load with a wrong hash rejected after ${r.wrongShaMs.toFixed(0)} ms`);
+  assert.equal(r.stream.origin, 'stream');
+  assert.equal(r.stream.bytes, MODEL_BYTES);
+  assert.equal(r.wrongSha, 'BAD_GGUF');
+  assert.equal(r.garbage, 'BAD_GGUF');
+  assert.equal(r.missing, 'NETWORK');
+  await page.close();
 });
 
 test('a page without WebGPU shows the NO_WEBGPU message and the API throws NO_WEBGPU', { timeout: 60_000 }, async () => {
