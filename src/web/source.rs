@@ -381,7 +381,7 @@ pub fn split_urls(url: &str) -> Vec<String> {
 mod tests {
     use super::split_urls;
 
-    #[test]
+    #[wasm_bindgen_test::wasm_bindgen_test]
     fn split_names() {
         assert_eq!(split_urls("/m/a.gguf"), vec!["/m/a.gguf"]);
         assert_eq!(
