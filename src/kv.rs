@@ -196,7 +196,7 @@ impl KvCache {
             }
             t0 += count;
         }
-        ctx.queue.submit([enc.finish()]);
+        ctx.submit([enc.finish()]);
         self.n_past -= n_discard;
         Ok(stats)
     }

@@ -96,7 +96,7 @@ async fn head_gemv_ms(ctx: &GpuContext, model: &Model) -> Result<f64> {
         for _ in 0..iters {
             crate::ops::matmul::gemv(ctx, &mut enc, head, &x, 0, &y, 0)?;
         }
-        ctx.queue.submit([enc.finish()]);
+        ctx.submit([enc.finish()]);
         crate::gpu::readback::read_buffer(ctx, &y, 0, 4).await?;
         times.push((now_s() - t0) * 1000.0 / iters as f64);
     }

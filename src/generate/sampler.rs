@@ -347,7 +347,7 @@ impl Sampler {
     /// and return the next token.
     pub async fn sample(&mut self, ctx: &GpuContext, mut encoder: wgpu::CommandEncoder, logits: &wgpu::Buffer, n_vocab: u32) -> Result<u32> {
         self.encode(ctx, &mut encoder, logits, n_vocab)?;
-        ctx.queue.submit([encoder.finish()]);
+        ctx.submit([encoder.finish()]);
         self.finish(ctx).await
     }
 

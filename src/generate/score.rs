@@ -25,7 +25,7 @@ pub async fn score(ctx: &GpuContext, model: &Model, tokens: &[u32], from: usize,
         let rows = if pos >= from { LogitRows::All } else { LogitRows::Last };
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         model.encode(ctx, &mut enc, &ws, &kv, chunk, pos as u32, rows)?;
-        ctx.queue.submit([enc.finish()]);
+        ctx.submit([enc.finish()]);
         kv.advance(chunk.len() as u32)?;
         if rows == LogitRows::All {
             let logits = read_f32(ctx, &ws.logits, 0, chunk.len() * n_vocab).await?;
@@ -62,7 +62,7 @@ pub async fn score_logits(ctx: &GpuContext, model: &Model, tokens: &[u32], batch
         let pos0 = kv.n_past();
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         model.encode(ctx, &mut enc, &ws, &kv, chunk, pos0, LogitRows::All)?;
-        ctx.queue.submit([enc.finish()]);
+        ctx.submit([enc.finish()]);
         kv.advance(chunk.len() as u32)?;
         out.extend(read_f32(ctx, &ws.logits, 0, chunk.len() * n_vocab).await?);
     }

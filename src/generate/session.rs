@@ -154,7 +154,7 @@ impl Session {
         for chunk in tokens.chunks(self.ws.max_batch as usize) {
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
             self.encode_chunk(&mut enc, chunk)?;
-            self.ctx.queue.submit([enc.finish()]);
+            self.ctx.submit([enc.finish()]);
             self.have_logits = true;
         }
         Ok(())

@@ -244,6 +244,8 @@ impl Model {
             return Err(Error::invalid(format!("token id {bad} is outside the vocabulary of {}", hp.n_vocab)));
         }
         ctx.queue.write_buffer(&ws.ids, 0, bytemuck::cast_slice(tokens));
+        // Params of this pass's ~300 dispatches share one arena, written at `ctx.submit`.
+        ctx.begin_frame();
         let (e, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
 
         // x = embed(tokens) * embedding_scale                                   (n, n_embd)

@@ -157,7 +157,7 @@ impl Argmax {
                 scratch.push(ctx.empty_storage("argmax scratch", groups * 8)?);
             }
             let pipe = ctx.pipeline(&key(wg, s == 0))?;
-            let params = ctx.uniform_buffer("argmax params", &ArgmaxParams { n: n_in as u32, ..Default::default() });
+            let params = ctx.uniform_buffer_owned("argmax params", &ArgmaxParams { n: n_in as u32, ..Default::default() });
             let src = if s == 0 { head(logits, n_in * 4) } else { head(&scratch[s - 1], n_in * 8) };
             let dst = if last { head(&result, 8) } else { head(&scratch[s], groups * 8) };
             let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -202,7 +202,7 @@ impl Argmax {
     pub async fn run(&self, ctx: &GpuContext) -> Result<u32> {
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("argmax") });
         self.encode(&mut enc);
-        ctx.queue.submit([enc.finish()]);
+        ctx.submit([enc.finish()]);
         let b = crate::gpu::read_buffer(ctx, &self.result, Self::INDEX_OFFSET, 4).await?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }

@@ -79,7 +79,7 @@ pub fn encode(
     ctx: &GpuContext,
     encoder: &mut wgpu::CommandEncoder,
     workgroup_size: u32,
-    params_buf: &wgpu::Buffer,
+    params_buf: &crate::gpu::context::Uniform,
     params: &KvShiftParams,
     k_cache: &wgpu::Buffer,
     scratch: &wgpu::Buffer,

@@ -345,7 +345,7 @@ pub async fn bench_gemv_with(ctx: &GpuContext, cfg: MatmulConfig, ty: GgmlType, 
         for _ in 0..n {
             matmul(ctx, &mut enc, cfg, &w, &x, 0, &y, 0, 1)?;
         }
-        ctx.queue.submit([enc.finish()]);
+        ctx.submit([enc.finish()]);
         Ok(())
     };
     run(1)?;

@@ -116,7 +116,7 @@ impl Penalties {
     pub fn new(ctx: &GpuContext, logits: &wgpu::Buffer, n_vocab: u32, capacity: u32) -> Result<Self> {
         super::argmax::check_logits(ctx, logits, n_vocab)?;
         let pipe = ctx.pipeline(&key(WORKGROUP_SIZE))?;
-        let params = ctx.uniform_buffer("penalty params", &PenaltyParams { n_vocab, repeat: 1.0, ..Default::default() });
+        let params = ctx.uniform_buffer_owned("penalty params", &PenaltyParams { n_vocab, repeat: 1.0, ..Default::default() });
         let capacity = capacity.max(16);
         let pairs = ctx.empty_storage("penalty pairs", capacity as u64 * 8)?;
         let bind = Self::bind(ctx, &pipe, &params, &pairs, logits, n_vocab);

@@ -138,7 +138,7 @@ impl TopK {
                 ));
             }
             let pipe = ctx.pipeline(&key(wg, s == 0))?;
-            let params = ctx.uniform_buffer("topk params", &TopkParams { n: n_in as u32, n_groups_in: groups_in as u32, ..Default::default() });
+            let params = ctx.uniform_buffer_owned("topk params", &TopkParams { n: n_in as u32, n_groups_in: groups_in as u32, ..Default::default() });
             let (dst, dst_stats) = if last {
                 (head(&result, TOPK as u64 * 8), stats_binding(&result))
             } else {
@@ -188,7 +188,7 @@ impl TopK {
     pub async fn run(&self, ctx: &GpuContext) -> Result<TopKResult> {
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("topk") });
         self.encode(&mut enc);
-        ctx.queue.submit([enc.finish()]);
+        ctx.submit([enc.finish()]);
         let b = crate::gpu::read_buffer(ctx, &self.result, 0, Self::RESULT_BYTES).await?;
         Ok(TopKResult::from_bytes(&b))
     }
