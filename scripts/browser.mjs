@@ -17,9 +17,13 @@ export function chromeArgs({ headless = true } = {}) {
   return args.filter((a) => !a.startsWith('--headless') || !headless);
 }
 
-/** Start scripts/serve.mjs on `port`; resolves to `{url, bytes(), resetBytes(), stop()}`. */
-export async function startServer(port) {
-  const proc = spawn(process.execPath, [`${root}/scripts/serve.mjs`, '--port', String(port)], { stdio: 'ignore' });
+/**
+ * Start scripts/serve.mjs on `port` (`www`: a folder to serve at `/` instead of www/); resolves
+ * to `{url, bytes(), resetBytes(), stop()}`.
+ */
+export async function startServer(port, { www } = {}) {
+  const args = [`${root}/scripts/serve.mjs`, '--port', String(port), ...(www ? ['--www', www] : [])];
+  const proc = spawn(process.execPath, args, { stdio: 'ignore' });
   const url = `http://127.0.0.1:${port}`;
   for (let i = 0; i < 100; i++) {
     try {

@@ -1,6 +1,7 @@
 // A small static server for the demo: `/` is www/, `/pkg/` the built package, `/models/` the
 // fetched models. Right MIME types (application/wasm), HTTP Range requests (resumable model
-// downloads), no caching headers games. Usage: node scripts/serve.mjs [--port 8080]
+// downloads), no caching headers games. Usage: node scripts/serve.mjs [--port 8080] [--www DIR]
+// (--www: serve DIR at `/` instead of www/, e.g. a bundler app's dist/).
 import { createServer } from 'node:http';
 import { createReadStream, statSync } from 'node:fs';
 import { extname, join, normalize, resolve } from 'node:path';
@@ -9,12 +10,14 @@ const root = resolve(new URL('..', import.meta.url).pathname);
 const args = process.argv.slice(2);
 const portArg = args.indexOf('--port');
 const port = Number(portArg >= 0 ? args[portArg + 1] : process.env.PORT || 8080);
+const wwwArg = args.indexOf('--www');
+const www = wwwArg >= 0 ? resolve(args[wwwArg + 1]) : join(root, 'www');
 const mounts = [
   ['/pkg/', join(root, 'pkg')],
   ['/models/', join(root, 'models')],
   ['/js/', join(root, 'js')],
   ['/fixtures/', join(root, 'tests', 'fixtures')],
-  ['/', join(root, 'www')],
+  ['/', www],
 ];
 const types = {
   '.html': 'text/html; charset=utf-8',
