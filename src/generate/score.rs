@@ -13,10 +13,25 @@ use crate::model::{LogitRows, Model};
 /// and analysis path, not generation).
 pub async fn score(ctx: &GpuContext, model: &Model, tokens: &[u32], from: usize, k: usize, batch: u32) -> Result<Vec<Vec<(u32, f32)>>> {
     let n_vocab = model.hp.n_vocab as usize;
+    let mut out = Vec::with_capacity(tokens.len().saturating_sub(from));
+    forward_rows(ctx, model, tokens, from, batch, &mut |logits| out.extend(logits.chunks_exact(n_vocab).map(|row| top_k(row, k)))).await?;
+    Ok(out)
+}
+
+/// Run `tokens` through a fresh cache in batches of `batch`; `on_rows` gets the full logits
+/// `(rows, n_vocab)` of every chunk at or after position `from`.
+async fn forward_rows(
+    ctx: &GpuContext,
+    model: &Model,
+    tokens: &[u32],
+    from: usize,
+    batch: u32,
+    on_rows: &mut dyn FnMut(Vec<f32>),
+) -> Result<()> {
+    let n_vocab = model.hp.n_vocab as usize;
     let batch = batch.max(1) as usize;
     let mut kv = model.new_kv_cache(ctx, (tokens.len() as u32).max(1))?;
     let ws = model.workspace(ctx, batch as u32, batch as u32)?;
-    let mut out = Vec::with_capacity(tokens.len().saturating_sub(from));
     let mut pos = 0usize;
     while pos < tokens.len() {
         // Chunks end at `from` so every reported row comes from an `All` pass.
@@ -28,14 +43,11 @@ pub async fn score(ctx: &GpuContext, model: &Model, tokens: &[u32], from: usize,
         ctx.submit([enc.finish()]);
         kv.advance(chunk.len() as u32)?;
         if rows == LogitRows::All {
-            let logits = read_f32(ctx, &ws.logits, 0, chunk.len() * n_vocab).await?;
-            for row in logits.chunks_exact(n_vocab) {
-                out.push(top_k(row, k));
-            }
+            on_rows(read_f32(ctx, &ws.logits, 0, chunk.len() * n_vocab).await?);
         }
         pos = end;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The `k` largest `(index, value)`, best first; ties by lower index.
@@ -53,18 +65,7 @@ pub fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
 
 /// Every position's full logits, `(tokens.len(), n_vocab)` row-major (tests on small vocabularies).
 pub async fn score_logits(ctx: &GpuContext, model: &Model, tokens: &[u32], batch: u32) -> Result<Vec<f32>> {
-    let n_vocab = model.hp.n_vocab as usize;
-    let batch = batch.max(1);
-    let mut kv = model.new_kv_cache(ctx, (tokens.len() as u32).max(1))?;
-    let ws = model.workspace(ctx, batch, batch)?;
-    let mut out = Vec::with_capacity(tokens.len() * n_vocab);
-    for chunk in tokens.chunks(batch as usize) {
-        let pos0 = kv.n_past();
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        model.encode(ctx, &mut enc, &ws, &kv, chunk, pos0, LogitRows::All)?;
-        ctx.submit([enc.finish()]);
-        kv.advance(chunk.len() as u32)?;
-        out.extend(read_f32(ctx, &ws.logits, 0, chunk.len() * n_vocab).await?);
-    }
+    let mut out = Vec::with_capacity(tokens.len() * model.hp.n_vocab as usize);
+    forward_rows(ctx, model, tokens, 0, batch, &mut |logits| out.extend(logits)).await?;
     Ok(out)
 }

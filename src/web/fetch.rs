@@ -1,83 +1,26 @@
 //! Streaming fetch for the browser: the body is read chunk by chunk (never `arrayBuffer()`),
 //! each chunk pushed straight on, so the wasm heap holds one chunk at a time.
 
-use js_sys::{Function, Promise, Reflect, Uint8Array};
-use wasm_bindgen::{JsCast, JsValue};
+use js_sys::Uint8Array;
 use wasm_bindgen_futures::JsFuture;
 
-use crate::error::{Error, ErrorCode, Result};
+use super::source::{fetch, js_msg, net, read, Abort, Source};
+use crate::error::Result;
 
-fn net(msg: String) -> Error {
-    Error::new(ErrorCode::Network, msg)
-}
-
-fn js_msg(v: &JsValue) -> String {
-    v.dyn_ref::<js_sys::Error>().map(|e| String::from(e.message())).or_else(|| v.as_string()).unwrap_or_else(|| format!("{v:?}"))
-}
-
-/// `fetch(url, {headers})` in a window or a worker.
-async fn fetch(url: &str, range: Option<(u64, u64)>) -> Result<web_sys::Response> {
-    let global = js_sys::global();
-    let f: Function = Reflect::get(&global, &"fetch".into())
-        .ok()
-        .and_then(|f| f.dyn_into().ok())
-        .ok_or_else(|| net("this environment has no fetch()".into()))?;
-    let init = js_sys::Object::new();
-    if let Some((a, b)) = range {
-        let headers = js_sys::Object::new();
-        let _ = Reflect::set(&headers, &"Range".into(), &format!("bytes={a}-{}", b - 1).into());
-        let _ = Reflect::set(&init, &"headers".into(), &headers);
-    }
-    let p: Promise = f
-        .call2(&global, &url.into(), &init)
-        .map_err(|e| net(format!("fetch {url}: {}", js_msg(&e))))?
-        .dyn_into()
-        .map_err(|_| net("fetch did not return a promise".into()))?;
-    let resp: web_sys::Response = JsFuture::from(p)
-        .await
-        .map_err(|e| net(format!("could not reach {url}: {}; check the URL and your connection", js_msg(&e))))?
-        .dyn_into()
-        .map_err(|_| net("fetch did not resolve to a Response".into()))?;
-    if !resp.ok() {
-        return Err(net(format!("{url} answered HTTP {} {}", resp.status(), resp.status_text())));
-    }
-    Ok(resp)
-}
-
-/// Stream `url`'s body into `on_chunk`; returns the Content-Length if the server sent one
-/// (through `on_size`, before the first chunk).
+/// Stream `url`'s body into `on_chunk`, after `on_size` gets the Content-Length (if sent).
+/// The same reader as the `Engine`'s ([`super::source::read`]), without cache or abort.
 pub async fn stream(
     url: &str,
     on_size: &mut dyn FnMut(Option<u64>) -> Result<()>,
     on_chunk: &mut dyn FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
-    let resp = fetch(url, None).await?;
-    let len = resp.headers().get("content-length").ok().flatten().and_then(|s| s.parse::<u64>().ok());
-    on_size(len)?;
-    let body = resp.body().ok_or_else(|| net(format!("{url}: the response has no body")))?;
-    let reader: web_sys::ReadableStreamDefaultReader =
-        body.get_reader().dyn_into().map_err(|_| net("the response body cannot be read as a stream".into()))?;
-    let mut buf = Vec::new();
-    loop {
-        let r = JsFuture::from(reader.read()).await.map_err(|e| net(format!("download of {url} broke off: {}", js_msg(&e))))?;
-        let done = Reflect::get(&r, &"done".into()).ok().and_then(|d| d.as_bool()).unwrap_or(true);
-        if done {
-            break;
-        }
-        let value: Uint8Array = Reflect::get(&r, &"value".into())
-            .ok()
-            .and_then(|v| v.dyn_into().ok())
-            .ok_or_else(|| net("a body chunk was not bytes".into()))?;
-        buf.resize(value.length() as usize, 0);
-        value.copy_to(&mut buf);
-        on_chunk(&buf)?;
-    }
-    Ok(())
+    let src = Source::Url(url.to_string());
+    read(&src, None, &Abort(None), &mut |size, _| on_size(size), on_chunk).await.map(|_| ())
 }
 
 /// Bytes `[start, end)` of `url` (an HTTP Range request).
 pub async fn range(url: &str, start: u64, end: u64) -> Result<Vec<u8>> {
-    let resp = fetch(url, Some((start, end))).await?;
+    let resp = fetch(url, start, Some(end), &Abort(None)).await?;
     let p = resp.array_buffer().map_err(|e| net(js_msg(&e)))?;
     let ab = JsFuture::from(p).await.map_err(|e| net(js_msg(&e)))?;
     let bytes = Uint8Array::new(&ab).to_vec();
@@ -110,7 +53,7 @@ pub async fn load_url(
         },
     )
     .await?;
-    let l = loader.into_inner().ok_or_else(|| net("no response".into()))?;
+    let l = loader.into_inner().ok_or_else(|| net("no response"))?;
     l.finish()
 }
 

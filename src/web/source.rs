@@ -121,17 +121,19 @@ async fn pump(
     }
 }
 
-/// `fetch(url)` (from byte `from` on when non-zero) in a window or a worker.
-async fn fetch(url: &str, from: u64, abort: &Abort) -> Result<web_sys::Response> {
+/// `fetch(url)` in a window or a worker: from byte `from` on when non-zero, up to byte `to`
+/// (exclusive) when given, each as an HTTP Range request.
+pub(crate) async fn fetch(url: &str, from: u64, to: Option<u64>, abort: &Abort) -> Result<web_sys::Response> {
     let global = js_sys::global();
     let f: Function = Reflect::get(&global, &"fetch".into())
         .ok()
         .and_then(|f| f.dyn_into().ok())
         .ok_or_else(|| net("this environment has no fetch()"))?;
     let init = js_sys::Object::new();
-    if from > 0 {
+    if from > 0 || to.is_some() {
+        let end = to.map(|t| t.saturating_sub(1).to_string()).unwrap_or_default();
         let headers = js_sys::Object::new();
-        let _ = Reflect::set(&headers, &"Range".into(), &format!("bytes={from}-").into());
+        let _ = Reflect::set(&headers, &"Range".into(), &format!("bytes={from}-{end}").into());
         let _ = Reflect::set(&init, &"headers".into(), &headers);
     }
     if let Some(s) = &abort.0 {
@@ -261,7 +263,7 @@ async fn read_url(
     let mut resumes = 0u32;
     let mut put: Option<Promise> = None;
     loop {
-        let resp = fetch(url, reached, abort).await;
+        let resp = fetch(url, reached, None, abort).await;
         let resp = match resp {
             Ok(r) => r,
             Err(e) if e.code == ErrorCode::Network && reached > 0 && resumes < RESUME_ATTEMPTS => {
