@@ -5,11 +5,13 @@
 //! - [`preprocess`]: the WGSL preprocessor (`#include`, `#define`, `#ifdef` ...).
 //! - [`shaders`]: every `.wgsl` / `.tmpl` in `shaders/`, embedded so the wasm build needs no files.
 //! - [`pipeline`]: compute pipelines cached by shader + defines, with the dispatch decisions.
+//! - [`plan`]: prepared dispatches (built once, recorded many times) and the per-step buffer.
 //! - [`readback`]: the one async readback used on both targets.
 
 pub mod context;
 pub mod dispatch;
 pub mod pipeline;
+pub mod plan;
 pub mod preprocess;
 pub mod readback;
 pub mod shaders;
@@ -18,5 +20,6 @@ pub mod tensor;
 pub use context::{GpuContext, GpuLimits, LimitRequest};
 pub use dispatch::grid_2d;
 pub use pipeline::{CachedPipeline, PipelineKey};
+pub use plan::{Dispatch, Prepared, Recorder, Step, StepState};
 pub use readback::read_buffer;
 pub use tensor::{GpuTensor, TensorPart};
