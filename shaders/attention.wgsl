@@ -38,7 +38,7 @@ struct AttentionParams {
     n_head: u32,
     n_kv_head: u32,
     head_dim: u32,
-    pos0: u32,       // position (== cell) of token 0
+    pos0: u32,       // added to step.pos0: token t sits at position (== cell) step.pos0 + pos0 + t
     window: u32,     // sliding window in cells; 0 = none
     scale: f32,      // applied to q . k
     softcap: f32,    // 0 = off
@@ -53,6 +53,7 @@ struct AttentionParams {
 @group(0) @binding(2) var<storage, read> k_cache: array<vec2<f32>>;   // (n_ctx, n_kv_head, head_dim / 2)
 @group(0) @binding(3) var<storage, read> v_cache: array<vec2<f32>>;   // (n_ctx, n_kv_head, head_dim / 2)
 @group(0) @binding(4) var<storage, read_write> out: array<vec2<f32>>; // (n_tokens, n_head, head_dim / 2) from out_offset
+@group(0) @binding(5) var<storage, read> step: StepState;             // this step's positions
 
 const HD2_MAX: u32 = 128u; // head_dim <= 256
 // A "minus infinity" that stays finite: exp(NEG_BIG - s) is exactly 0 for any real score, and no
@@ -118,7 +119,7 @@ fn attention(
     let h = pair % p.n_head;
     let kvh = h / (p.n_head / p.n_kv_head);
     let hd2 = p.head_dim / 2u;
-    let pos = p.pos0 + t;
+    let pos = step.pos0 + p.pos0 + t;
     let lo = first_cell(pos);
     let hi = pos + 1u; // exclusive
     let qb = p.q_offset / 2u + pair * hd2;
@@ -199,7 +200,7 @@ fn attention(
     let h = pair % p.n_head;
     let kvh = h / (p.n_head / p.n_kv_head);
     let hd2 = p.head_dim / 2u;
-    let pos = p.pos0 + t;
+    let pos = step.pos0 + p.pos0 + t;
     let lo = first_cell(pos);
     let hi = pos + 1u; // exclusive
     let qb = p.q_offset / 2u + pair * hd2;

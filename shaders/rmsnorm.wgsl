@@ -4,7 +4,10 @@
 // Defines (chosen in src/ops/rmsnorm.rs from the arguments):
 //   WG_SIZE: invocations per workgroup, a power of two; one workgroup per row.
 //   WEIGHT: multiply by w (row_len f32); without it the norm is unweighted.
-//   ADD: fused residual add: x += add first (x is written back), then the norm of the sum.
+//   ADD: fused residual add: x += add * add_scale first (x is written back), then the norm of
+//     the sum.
+//   ADD_NORM (with ADD): the addend is itself normed first, x += rmsnorm(add) * w_add * add_scale
+//     (a post-norm, the residual add and the next pre-norm in one dispatch: Gemma's blocks).
 //   OUT_IS_X: out is x's own buffer (in place, or out elsewhere in it): x is bound read_write
 //     once and out writes through it (WebGPU forbids binding one buffer as two writable
 //     bindings, and as read-only plus writable, in one dispatch).
@@ -22,7 +25,7 @@ struct RmsNormParams {
     out_offset: u32, // element index of out[0, 0]
     add_offset: u32, // element index of add[0, 0] (ADD)
     w_offset: u32,   // element index of w[0] (WEIGHT)
-    pad0: u32,
+    add_scale: f32,  // residual scale of the addend (ADD)
 }
 
 @group(0) @binding(0) var<uniform> p: RmsNormParams;
@@ -35,6 +38,9 @@ struct RmsNormParams {
 #endif
 #ifdef WEIGHT
 @group(0) @binding(4) var<storage, read> w: array<f32>;           // (row_len) from w_offset
+#endif
+#ifdef ADD_NORM
+@group(0) @binding(5) var<storage, read> w_add: array<f32>;       // (row_len): the addend's norm weight
 #endif
 
 var<workgroup> red: array<f32, WG_SIZE>;
@@ -57,11 +63,39 @@ fn rmsnorm(
     // Workgroups past the last row skip the work but not the barriers (uniform control flow).
     let live = r < p.n_rows;
     let xb = p.x_offset + r * p.row_len;
+#ifdef ADD
+    let ab = p.add_offset + r * p.row_len;
+    var add_mul = p.add_scale;
+#endif
+#ifdef ADD_NORM
+    // The addend's own norm: a first reduction, then the scale folds into add_mul.
+    var sa = 0.0;
+    if live {
+        for (var i = lid; i < p.row_len; i += WG_SIZE) {
+            let a = add[ab + i];
+            sa += a * a;
+        }
+    }
+    red[lid] = sa;
+    workgroupBarrier();
+    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    add_mul = add_mul / sqrt(red[0] / f32(p.row_len) + p.eps);
+    workgroupBarrier(); // every thread has read red[0] before it is reused
+#endif
     var ss = 0.0;
     if live {
         for (var i = lid; i < p.row_len; i += WG_SIZE) {
 #ifdef ADD
-            let v = x[xb + i] + add[p.add_offset + r * p.row_len + i];
+#ifdef ADD_NORM
+            let v = x[xb + i] + add[ab + i] * add_mul * w_add[i];
+#else
+            let v = x[xb + i] + add[ab + i] * add_mul;
+#endif
             x[xb + i] = v;
 #else
             let v = x[xb + i];

@@ -27,6 +27,7 @@
 // (head_dim / 2) (it also copies the unrotated pairs and V).
 
 #include "common_decls.tmpl"
+#include "rope_decls.tmpl"
 
 struct RopeParams {
     n_tokens: u32,
@@ -34,12 +35,13 @@ struct RopeParams {
     head_dim: u32,
     n_rot: u32,
     rope_type: u32, // 0 NeoX, 1 NORM
-    pos0: u32,      // position of token 0 (rope_kv_write: also its cache cell)
+    pos0: u32,      // added to step.pos0: token t sits at step.pos0 + pos0 + t (rope_kv_write: also its cell)
     x_offset: u32,  // element index of x[0, 0, 0] (rope) or k[0, 0, 0] (rope_kv_write)
     v_offset: u32,  // element index of v[0, 0, 0] (rope_kv_write)
 }
 
 @group(0) @binding(0) var<uniform> p: RopeParams;
+@group(0) @binding(6) var<storage, read> step: StepState;          // this step's positions
 @group(0) @binding(2) var<storage, read> freq: array<vec2<u32>>; // (n_rot / 2): frac(theta_j / 2pi) * 2^64 as (hi, lo)
 #ifdef KV_WRITE
 @group(0) @binding(1) var<storage, read> x: array<f32>;              // k: (T, n_heads, head_dim) from x_offset
@@ -50,45 +52,9 @@ struct RopeParams {
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;        // (T, n_heads, head_dim) from x_offset
 #endif
 
-// High 32 bits of the 64-bit product a * b (WGSL has no widening multiply): 16-bit halves.
-fn mul_hi(a: u32, b: u32) -> u32 {
-    let a0 = a & 0xffffu;
-    let a1 = a >> 16u;
-    let b0 = b & 0xffffu;
-    let b1 = b >> 16u;
-    let mid1 = a1 * b0;
-    let mid2 = a0 * b1;
-    let carry = ((a0 * b0) >> 16u) + (mid1 & 0xffffu) + (mid2 & 0xffffu);
-    return a1 * b1 + (mid1 >> 16u) + (mid2 >> 16u) + (carry >> 16u);
-}
-
-// (cos, sin) of pos * theta_j, where f = frac(theta_j / 2pi) * 2^64 as (hi, lo).
-fn rope_cos_sin(pos: u32, f: vec2<u32>) -> vec2<f32> {
-    // Fraction of a turn, 32 bits: the top word of pos * f modulo 2^64.
-    let turn = pos * f.x + mul_hi(pos, f.y);
-    // Nearest quarter turn q, and the rest a in [-1/8, 1/8) turn (wrapping arithmetic keeps
-    // both right across the 0 / 1 turn seam).
-    let u = turn + 0x20000000u;
-    let q = u >> 30u;
-    let a = f32(i32(u & 0x3fffffffu) - 0x20000000) * (6.283185307179586 / 4294967296.0);
-    let a2 = a * a;
-    let s = a * (1.0 - a2 / 6.0 * (1.0 - a2 / 20.0 * (1.0 - a2 / 42.0 * (1.0 - a2 / 72.0))));
-    let c = 1.0 - a2 / 2.0 * (1.0 - a2 / 12.0 * (1.0 - a2 / 30.0 * (1.0 - a2 / 56.0 * (1.0 - a2 / 90.0))));
-    switch q {
-        case 0u: { return vec2<f32>(c, s); }
-        case 1u: { return vec2<f32>(-s, c); }
-        case 2u: { return vec2<f32>(-c, -s); }
-        default: { return vec2<f32>(s, -c); }
-    }
-}
-
 // Element indices (within a head) of pair j: rotary pairs by the layout, the rest adjacent.
 fn pair_of(j: u32) -> vec2<u32> {
-    let half_rot = p.n_rot / 2u;
-    if p.rope_type == 0u && j < half_rot {
-        return vec2<u32>(j, j + half_rot);
-    }
-    return vec2<u32>(2u * j, 2u * j + 1u);
+    return rope_pair(j, p.n_rot, p.rope_type);
 }
 
 #ifndef KV_WRITE
@@ -109,7 +75,7 @@ fn rope(
     let j = idx % half_rot;
     let base = p.x_offset + (t * p.n_heads + h) * p.head_dim;
     let e = base + pair_of(j);
-    let cs = rope_cos_sin(p.pos0 + t, freq[j]);
+    let cs = rope_cos_sin(step.pos0 + p.pos0 + t, freq[j]);
     let r = rotate_rope(x[e.x], x[e.y], cs.x, cs.y);
     x[e.x] = r.x;
     x[e.y] = r.y;
@@ -131,12 +97,12 @@ fn rope_kv_write(
     let h = (idx % per_token) / half_dim;
     let j = idx % half_dim;
     let row = (t * p.n_heads + h) * p.head_dim;
-    let cell = ((p.pos0 + t) * p.n_heads + h) * p.head_dim;
+    let cell = ((step.pos0 + p.pos0 + t) * p.n_heads + h) * p.head_dim;
     let e = pair_of(j);
     var k0 = x[p.x_offset + row + e.x];
     var k1 = x[p.x_offset + row + e.y];
     if j < p.n_rot / 2u {
-        let cs = rope_cos_sin(p.pos0 + t, freq[j]);
+        let cs = rope_cos_sin(step.pos0 + p.pos0 + t, freq[j]);
         let r = rotate_rope(k0, k1, cs.x, cs.y);
         k0 = r.x;
         k1 = r.y;

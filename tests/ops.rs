@@ -195,6 +195,52 @@ gpu_test!(rmsnorm_shapes_weights_in_place_and_fused_add, async {
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     assert!(rmsnorm::encode(&ctx, &mut enc, &b, 0, Some((&b, 0)), None, &b, 0, 1, 4, eps).is_err());
     tlog!("rmsnorm: worst error {worst:.2e} (tolerance {:.0e})", tolerance("rmsnorm"));
+
+gpu_test!(rmsnorm_post_norm_residual_and_pre_norm_fused, async {
+    // x += rmsnorm(add) * w_add * scale, then out = rmsnorm(x) * w: a block's post-norm, residual
+    // add and the next pre-norm in one dispatch (also the scaled add alone, Granite's residual).
+    let ctx = common::context().await;
+    let mut rng = Rng::new(17);
+    let eps = 1e-6f32;
+    let mut worst = 0.0f64;
+    // (rows, row_len, addend norm, scale, in place)
+    let cases: &[(u32, u32, bool, f32, bool)] = &[
+        (1, 37, true, 1.0, false),
+        (3, 641, true, 1.0, false),
+        (5, 640, true, 0.22, true),
+        (2, 2048, false, 0.22, false),
+        (1, 1, true, 1.0, false),
+        (7, 640, false, 1.0, true),
+    ];
+    for &(rows, len, norm, scale, in_place) in cases {
+        let what = format!("{rows}x{len} addend norm {norm} scale {scale} in place {in_place}");
+        let n = (rows * len) as usize;
+        let (xo, oo, ao) = (2usize, 3usize, 5usize);
+        let x: Vec<f32> = rng.vec(xo + n).iter().map(|v| v * 4.0 + 0.5).collect();
+        let a: Vec<f32> = rng.vec(ao + n).iter().map(|v| v * 30.0).collect();
+        let w: Vec<f32> = rng.vec(len as usize).iter().map(|v| 1.0 + v).collect();
+        let wa: Vec<f32> = rng.vec(len as usize).iter().map(|v| 0.5 + v).collect();
+        let xb = ctx.storage_buffer("x", bytemuck::cast_slice(&x));
+        let ab = ctx.storage_buffer("add", bytemuck::cast_slice(&a));
+        let ob = ctx.empty_storage("out", ((oo + n) * 4) as u64).unwrap();
+        let (wt, wat) = (f32_tensor(&ctx, "w", &w), f32_tensor(&ctx, "w_add", &wa));
+        let (out, out_off) = if in_place { (&xb, xo) } else { (&ob, oo) };
+        let residual = rmsnorm::Residual { buffer: &ab, offset: ao as u64, scale, norm: if norm { Some(&wat) } else { None } };
+        let mut rec = cera_web::gpu::Recorder::new(&ctx);
+        rmsnorm::prepare_residual(&mut rec, &xb, xo as u64, Some(residual), Some(&wt), out, out_off as u64, rows, len, eps).unwrap();
+        submit(&ctx, |enc| rec.encode(enc).unwrap());
+        let (want, sum) = rmsnorm::reference_residual(&x[xo..], &a[ao..], if norm { Some(&wa) } else { None }, scale, Some(&w), len as usize, eps);
+        let got = read(&ctx, out, out_off as u64, n).await;
+        let denom = row_max(&want, len as usize);
+        worst = worst.max(check("rmsnorm", &what, &got, &want, |i| denom[i]));
+        if !in_place {
+            let xs = read(&ctx, &xb, xo as u64, n).await;
+            let sum_denom = row_max(&sum, len as usize);
+            worst = worst.max(check("rmsnorm", &format!("{what}: the sum written back"), &xs, &sum, |i| sum_denom[i]));
+        }
+    }
+    tlog!("rmsnorm residual: worst error {worst:.2e} (tolerance {:.0e})", tolerance("rmsnorm"));
+});
 });
 
 // ---------------------------------------------------------------------------------------------

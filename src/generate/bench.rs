@@ -26,6 +26,14 @@ pub struct BenchReport {
     pub head_gemv_ms: f64,
     /// `head_gemv_ms` over the median decode step.
     pub head_share_of_decode: f64,
+    /// Compute dispatches recorded per decode token (forward pass and sampler).
+    pub dispatches_per_token: f64,
+    /// Compute passes per decode token.
+    pub passes_per_token: f64,
+    /// Queue submissions per decode token.
+    pub submits_per_token: f64,
+    /// Dispatches of the prepared decode forward pass, by op kind.
+    pub decode_plan: Vec<(String, usize)>,
 }
 
 const TEXT: &str = "The history of the printing press begins in the fifteenth century, when movable type \
@@ -48,6 +56,7 @@ pub async fn run(ctx: &Arc<GpuContext>, model: &Arc<Model>, tok: &Arc<Tokenizer>
     let opts = SessionOptions { n_ctx: n_prompt + n_gen + 8, batch: n_prompt.clamp(1, 512), ..Default::default() };
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts)?;
     let (mut pre, mut dec) = (Vec::new(), Vec::new());
+    let mut per_token = crate::gpu::context::Counts::default();
     // One warm-up run (pipelines compile, buffers settle), then the timed ones.
     for run in 0..=runs {
         session.reset();
@@ -55,10 +64,12 @@ pub async fn run(ctx: &Arc<GpuContext>, model: &Arc<Model>, tok: &Arc<Tokenizer>
         let t0 = now_s();
         let mut id = session.step(&prompt, &mut sampler).await?;
         let t1 = now_s();
+        let c0 = ctx.counts();
         for _ in 1..n_gen.max(1) {
             id = session.step(&[id], &mut sampler).await?;
         }
         let t2 = now_s();
+        per_token = ctx.counts().since(&c0);
         if run > 0 {
             pre.push(prompt.len() as f64 / (t1 - t0));
             dec.push((n_gen.max(1) - 1) as f64 / (t2 - t1).max(1e-9));
@@ -67,6 +78,8 @@ pub async fn run(ctx: &Arc<GpuContext>, model: &Arc<Model>, tok: &Arc<Tokenizer>
     let prefill = median(&mut pre.clone());
     let decode = median(&mut dec.clone());
     let head_ms = head_gemv_ms(ctx, model).await?;
+    let steps = (n_gen.max(2) - 1) as f64;
+    let plan = session.decode_plan_kinds()?;
     Ok(BenchReport {
         adapter: ctx.adapter.name.clone(),
         backend: ctx.adapter.backend.clone(),
@@ -80,6 +93,10 @@ pub async fn run(ctx: &Arc<GpuContext>, model: &Arc<Model>, tok: &Arc<Tokenizer>
         decode_tok_s_runs: dec,
         head_gemv_ms: head_ms,
         head_share_of_decode: head_ms / (1000.0 / decode.max(1e-9)),
+        dispatches_per_token: per_token.dispatches as f64 / steps,
+        passes_per_token: per_token.passes as f64 / steps,
+        submits_per_token: per_token.submits as f64 / steps,
+        decode_plan: plan.into_iter().map(|(k, n)| (k.to_string(), n)).collect(),
     })
 }
 
@@ -89,12 +106,18 @@ async fn head_gemv_ms(ctx: &GpuContext, model: &Model) -> Result<f64> {
     let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&vec![0.01f32; head.cols as usize]));
     let y = ctx.empty_storage("bench y", head.rows * 4)?;
     let iters = 20;
+    let mut rec = crate::gpu::Recorder::new(ctx);
+    crate::ops::matmul::prepare_auto(&mut rec, head, &x, 0, &y, 0, 1)?;
+    let prepared = rec.finish();
     let mut times = Vec::new();
     for _ in 0..3 {
         let t0 = now_s();
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        for _ in 0..iters {
-            crate::ops::matmul::gemv(ctx, &mut enc, head, &x, 0, &y, 0)?;
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for _ in 0..iters {
+                prepared.record(&mut pass);
+            }
         }
         ctx.submit([enc.finish()]);
         crate::gpu::readback::read_buffer(ctx, &y, 0, 4).await?;

@@ -287,6 +287,19 @@ impl Sampler {
     /// Record penalties, the reduction and the copy to the readback buffer into `encoder`
     /// (one compute pass). `logits` holds at least `n_vocab` f32 (`STORAGE`).
     pub fn encode(&mut self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, logits: &wgpu::Buffer, n_vocab: u32) -> Result<()> {
+        self.encode_after(ctx, encoder, logits, n_vocab, |_| {})
+    }
+
+    /// [`Sampler::encode`] sharing its compute pass with work recorded first by `before` (the
+    /// forward pass that writes `logits`): one pass per token.
+    pub fn encode_after(
+        &mut self,
+        ctx: &GpuContext,
+        encoder: &mut wgpu::CommandEncoder,
+        logits: &wgpu::Buffer,
+        n_vocab: u32,
+        before: impl FnOnce(&mut wgpu::ComputePass<'_>),
+    ) -> Result<()> {
         let p = self.params.clone();
         let pairs = if p.penalties_active() { count_tokens(self.history.iter().copied()) } else { Vec::new() };
         let g = self.state(ctx, logits, n_vocab)?;
@@ -304,14 +317,24 @@ impl Sampler {
             _ => {}
         }
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("sampler"), timestamp_writes: None });
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward + sampler"), timestamp_writes: None });
+            before(&mut pass);
             if let Some(pen) = &g.penalties {
                 pen.encode_pass(ctx, &mut pass)?;
             }
-            match kind {
-                Pending::Argmax => g.argmax.as_ref().expect("built").encode_pass(&mut pass),
-                Pending::TopK => g.topk.as_ref().expect("built").encode_pass(&mut pass),
-            }
+            let stages = match kind {
+                Pending::Argmax => {
+                    let a = g.argmax.as_ref().expect("built");
+                    a.encode_pass(&mut pass);
+                    a.stages()
+                }
+                Pending::TopK => {
+                    let t = g.topk.as_ref().expect("built");
+                    t.encode_pass(&mut pass);
+                    t.stages()
+                }
+            };
+            ctx.count_recorded(1, stages as u64 + g.penalties.is_some() as u64);
         }
         match kind {
             Pending::Argmax => encoder.copy_buffer_to_buffer(g.argmax.as_ref().expect("built").result(), 0, &g.staging, 0, 8),

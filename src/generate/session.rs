@@ -9,10 +9,13 @@ use std::sync::Arc;
 use crate::error::{Error, ErrorCode, Result};
 use crate::gpu::GpuContext;
 use crate::kv::KvCache;
-use crate::model::{LogitRows, Model, Workspace};
+use crate::model::{ForwardPlan, LogitRows, Model, Workspace};
 use crate::tokenizer::{Detokenizer, Tokenizer};
 
 use super::sampler::{Sampler, SamplerParams};
+
+/// Prepared forward passes a session keeps (decode, the prefill batch, a few tails).
+const MAX_PLANS: usize = 8;
 
 /// How a session uses its context.
 #[derive(Clone, Debug)]
@@ -66,6 +69,8 @@ pub struct Session {
     tokens: Vec<u32>,
     /// Whether `ws.logits` row 0 holds the logits after the last token.
     have_logits: bool,
+    /// Forward passes prepared for this session's workspace and cache ([`Session::plan_for`]).
+    plans: Vec<ForwardPlan>,
     pub shifts: u32,
 }
 
@@ -77,7 +82,7 @@ impl Session {
         let kv = model.new_kv_cache(&ctx, opts.n_ctx)?;
         let batch = opts.batch.clamp(1, opts.n_ctx);
         let ws = model.workspace(&ctx, batch, 1)?;
-        Ok(Session { ctx, model, tok, opts, kv, ws, tokens: Vec::new(), have_logits: false, shifts: 0 })
+        Ok(Session { ctx, model, tok, opts, kv, ws, tokens: Vec::new(), have_logits: false, plans: Vec::new(), shifts: 0 })
     }
 
     pub fn n_past(&self) -> u32 {
@@ -141,12 +146,52 @@ impl Session {
 
     /// Encode one chunk's forward pass (making room first) and mark its cells used.
     fn encode_chunk(&mut self, enc: &mut wgpu::CommandEncoder, chunk: &[u32]) -> Result<()> {
+        let (plan, pos0) = self.begin_chunk(chunk)?;
+        self.model.run(&self.ctx, enc, &self.ws, &self.kv, &self.plans[plan], chunk, pos0)?;
+        self.end_chunk(chunk)
+    }
+
+    /// Make room for a chunk and pick its plan: `(plan index, pos0)`.
+    fn begin_chunk(&mut self, chunk: &[u32]) -> Result<(usize, u32)> {
         self.ensure_room(chunk.len() as u32)?;
         let pos0 = self.kv.n_past();
-        self.model.encode(&self.ctx, enc, &self.ws, &self.kv, chunk, pos0, LogitRows::Last)?;
+        let n = chunk.len() as u32;
+        Ok((self.plan_for(n, pos0 + n)?, pos0))
+    }
+
+    /// Mark a recorded chunk's cells used.
+    fn end_chunk(&mut self, chunk: &[u32]) -> Result<()> {
         self.kv.advance(chunk.len() as u32)?;
         self.tokens.extend_from_slice(chunk);
         Ok(())
+    }
+
+    /// The index of a prepared forward pass for `n` tokens ending at cell `end`, built on first
+    /// use. Workspace and cache never move, so a plan lives as long as the session.
+    ///
+    /// On a CPU-emulated adapter the attention kernel's shape depends on how many cells it walks
+    /// (lavapipe's loop limit, `ops::attention`), so plans there cover powers of two of cells;
+    /// elsewhere one plan per batch size covers the whole context.
+    fn plan_for(&mut self, n: u32, end: u32) -> Result<usize> {
+        let n_ctx = self.kv.n_ctx();
+        let cells = if crate::ops::matmul::is_cpu_adapter(&self.ctx) { end.next_power_of_two().max(256).min(n_ctx) } else { n_ctx };
+        if let Some(i) = self.plans.iter().position(|p| p.n_tokens == n && p.max_cells == cells) {
+            return Ok(i);
+        }
+        // Prefill tails come in many sizes: keep the cache small.
+        if self.plans.len() >= MAX_PLANS {
+            self.plans.remove(0);
+        }
+        let plan = self.model.plan(&self.ctx, &self.ws, &self.kv, n, LogitRows::Last, cells)?;
+        self.plans.push(plan);
+        Ok(self.plans.len() - 1)
+    }
+
+    /// Dispatches of the prepared one-token (decode) forward pass, by op kind.
+    pub fn decode_plan_kinds(&mut self) -> Result<Vec<(&'static str, usize)>> {
+        let end = self.kv.n_past().max(1).min(self.kv.n_ctx());
+        let i = self.plan_for(1, end)?;
+        Ok(self.plans[i].kinds())
     }
 
     /// Run `tokens` through the model (in batches), leaving the last one's logits ready.
@@ -169,10 +214,20 @@ impl Session {
         let batch = self.ws.max_batch as usize;
         let split = (tokens.len() - 1) / batch * batch;
         self.feed(&tokens[..split])?;
+        // The last chunk's forward pass and the sampler share one compute pass.
+        let chunk = &tokens[split..];
+        let (plan, pos0) = self.begin_chunk(chunk)?;
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-        self.encode_chunk(&mut enc, &tokens[split..])?;
+        let mut recorded = Ok(());
+        let (model, ctx, ws, kv, plan) = (&self.model, &self.ctx, &self.ws, &self.kv, &self.plans[plan]);
+        sampler.encode_after(ctx, &mut enc, &ws.logits, model.hp.n_vocab, |pass| {
+            recorded = model.record(ctx, pass, ws, kv, plan, chunk, pos0);
+        })?;
+        recorded?;
+        self.end_chunk(chunk)?;
         self.have_logits = true;
-        sampler.sample(&self.ctx, enc, &self.ws.logits, self.model.hp.n_vocab).await
+        self.ctx.submit([enc.finish()]);
+        sampler.finish(&self.ctx).await
     }
 
     /// The logits after the last token (reads back the whole vocabulary: tests and `score`).

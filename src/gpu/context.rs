@@ -4,7 +4,8 @@
 //! to what the adapter offers), fails with `ADAPTER_TOO_SMALL` when the adapter is below the
 //! minimum, and carries what the device granted as [`GpuLimits`]. No kernel assumes a number.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::pipeline::{CachedPipeline, PipelineCache, PipelineKey};
 use crate::error::{Error, ErrorCode, Result};
@@ -109,9 +110,8 @@ pub struct GpuContext {
     /// next [`GpuContext::check_errors`] instead of a panic.
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
-    /// The uniform frame (see [`GpuContext::uniform_buffer`]).
-    frame: Mutex<Option<UniformFrame>>,
-    uniform_align: u32,
+    counters: Counters,
+    zero_step: OnceLock<wgpu::Buffer>,
 }
 
 impl GpuContext {
@@ -171,7 +171,6 @@ impl GpuContext {
                 *l = Some(format!("{reason:?}: {msg}"));
             }
         });
-        let device_limits_align = device.limits().min_uniform_buffer_offset_alignment;
         Ok(GpuContext {
             limits: GpuLimits::from_wgpu(&device.limits()),
             adapter_limits: GpuLimits::from_wgpu(&offered),
@@ -182,8 +181,8 @@ impl GpuContext {
             pipelines: PipelineCache::default(),
             errors,
             lost,
-            frame: Mutex::new(None),
-            uniform_align: device_limits_align,
+            counters: Counters::default(),
+            zero_step: OnceLock::new(),
         })
     }
 
@@ -277,32 +276,9 @@ impl GpuContext {
         }))
     }
 
-    /// One params struct as a uniform binding.
-    ///
-    /// Inside a uniform frame ([`GpuContext::begin_frame`]) the value takes a slot of the frame's
-    /// arena buffer, written to the GPU once by [`GpuContext::submit`]; outside one (or when the
-    /// arena is full) it gets a buffer of its own. Why: a forward pass makes about 300
-    /// dispatches, and a buffer created for each one's uniforms (a device-local buffer plus a
-    /// staging copy on a discrete GPU) dominated the time of a decode step.
+    /// One params struct as a uniform binding of its own (one-off work: kv shift chunks).
     pub fn uniform_buffer<T: bytemuck::Pod>(&self, label: &str, value: &T) -> Uniform {
-        let bytes = bytemuck::bytes_of(value);
-        if let Ok(mut guard) = self.frame.lock() {
-            if let Some(f) = guard.as_mut().filter(|f| f.active) {
-                let align = self.uniform_align.max(4) as usize;
-                let offset = f.data.len().div_ceil(align) * align;
-                if offset + bytes.len() <= f.capacity as usize {
-                    f.data.resize(offset, 0);
-                    f.data.extend_from_slice(bytes);
-                    return Uniform::Arena { buffer: f.buffer.clone(), offset: offset as u64, size: bytes.len() as u64 };
-                }
-            }
-        }
-        use wgpu::util::DeviceExt;
-        Uniform::Own(self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytes,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        }))
+        Uniform::Own(self.uniform_buffer_owned(label, value))
     }
 
     /// A uniform buffer of its own, for params kept across submissions (never a frame slot).
@@ -315,72 +291,69 @@ impl GpuContext {
         })
     }
 
-    /// Start a uniform frame (a no-op inside one): until the next [`GpuContext::submit`], params
-    /// go to one arena buffer. Every command buffer recorded in the frame must be submitted with
-    /// [`GpuContext::submit`], which writes the arena first.
-    pub fn begin_frame(&self) {
-        if let Ok(mut guard) = self.frame.lock() {
-            let f = guard.get_or_insert_with(|| {
-                let capacity = FRAME_SLOTS * self.uniform_align.max(256) as u64;
-                UniformFrame {
-                    buffer: Arc::new(self.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("uniform frame"),
-                        size: capacity,
-                        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                        mapped_at_creation: false,
-                    })),
-                    capacity,
-                    data: Vec::new(),
-                    active: false,
-                }
-            });
-            f.active = true;
-        }
-    }
-
-    /// Submit command buffers, writing the current uniform frame's params first (and ending it).
-    /// Queue order makes reusing the arena safe: this write lands after every earlier submission.
+    /// Submit command buffers (counted: `cera bench` reports submissions per token).
     pub fn submit<I: IntoIterator<Item = wgpu::CommandBuffer>>(&self, cmds: I) {
-        if let Ok(mut guard) = self.frame.lock() {
-            if let Some(f) = guard.as_mut().filter(|f| f.active) {
-                if !f.data.is_empty() {
-                    self.queue.write_buffer(&f.buffer, 0, &f.data);
-                }
-                f.data.clear();
-                f.active = false;
-            }
-        }
+        self.counters.submits.fetch_add(1, Ordering::Relaxed);
         self.queue.submit(cmds);
     }
+
+    /// Count compute passes and dispatches recorded (for the per-token figures of `cera bench`).
+    pub fn count_recorded(&self, passes: u64, dispatches: u64) {
+        self.counters.passes.fetch_add(passes, Ordering::Relaxed);
+        self.counters.dispatches.fetch_add(dispatches, Ordering::Relaxed);
+    }
+
+    /// Submissions, passes and dispatches so far.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            submits: self.counters.submits.load(Ordering::Relaxed),
+            passes: self.counters.passes.load(Ordering::Relaxed),
+            dispatches: self.counters.dispatches.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A [`super::StepState`] buffer of zeros, for one-off dispatches of position-dependent
+    /// kernels (whose params then carry the positions themselves).
+    pub fn zero_step(&self) -> &wgpu::Buffer {
+        self.zero_step.get_or_init(|| self.storage_buffer("zero step", &[0u8; 16]))
+    }
 }
 
-/// Uniform slots of a frame's arena: a forward pass of the largest supported model makes a few
-/// hundred dispatches; beyond the arena, params fall back to buffers of their own.
-const FRAME_SLOTS: u64 = 4096;
-
-struct UniformFrame {
-    buffer: Arc<wgpu::Buffer>,
-    capacity: u64,
-    /// Params recorded in this frame, at their arena offsets.
-    data: Vec<u8>,
-    active: bool,
+/// Running totals of GPU work submitted through a context.
+#[derive(Default)]
+struct Counters {
+    submits: AtomicU64,
+    passes: AtomicU64,
+    dispatches: AtomicU64,
 }
 
-/// A uniform binding: a buffer of its own, or a slot of the frame arena.
+/// A snapshot of [`GpuContext::counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub submits: u64,
+    pub passes: u64,
+    pub dispatches: u64,
+}
+
+impl Counts {
+    pub fn since(&self, earlier: &Counts) -> Counts {
+        Counts {
+            submits: self.submits - earlier.submits,
+            passes: self.passes - earlier.passes,
+            dispatches: self.dispatches - earlier.dispatches,
+        }
+    }
+}
+
+/// A uniform binding.
 pub enum Uniform {
     Own(wgpu::Buffer),
-    Arena { buffer: Arc<wgpu::Buffer>, offset: u64, size: u64 },
 }
 
 impl Uniform {
     pub fn as_entire_binding(&self) -> wgpu::BindingResource<'_> {
         match self {
             Uniform::Own(b) => b.as_entire_binding(),
-            Uniform::Arena { buffer, offset, size } => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer,
-                offset: *offset,
-                size: std::num::NonZeroU64::new(*size),
-            }),
         }
     }
 }

@@ -100,8 +100,9 @@ impl<'c> Recorder<'c> {
 
     /// Record everything prepared so far into one new compute pass of `enc` (one-off use).
     pub fn encode(self, enc: &mut wgpu::CommandEncoder) -> Result<()> {
+        let ctx = self.ctx;
         let prepared = self.finish();
-        prepared.encode(enc);
+        prepared.encode(ctx, enc);
         Ok(())
     }
 }
@@ -121,13 +122,14 @@ impl Prepared {
         }
     }
 
-    /// Record into one new compute pass of `enc`.
-    pub fn encode(&self, enc: &mut wgpu::CommandEncoder) {
+    /// Record into one new compute pass of `enc` (counted in `ctx`).
+    pub fn encode(&self, ctx: &GpuContext, enc: &mut wgpu::CommandEncoder) {
         if self.dispatches.is_empty() {
             return;
         }
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
         self.record(&mut pass);
+        ctx.count_recorded(1, self.count() as u64);
     }
 
     /// Dispatches that record something.
@@ -161,18 +163,30 @@ impl StepState {
     }
 }
 
-/// The per-step buffer: written once per step, bound by every position-dependent kernel.
+/// The per-step buffer: a [`StepState`] followed by the batch's token ids, written once per
+/// step (one small write), bound by every position-dependent kernel and by the embedding.
+///
+/// Layout (u32 words): `[pos0, n_tokens, n_past, pad, ids[0], ids[1], ...]`.
 pub struct Step {
     pub buffer: wgpu::Buffer,
+    pub max_tokens: u32,
 }
 
 impl Step {
-    pub fn new(ctx: &GpuContext, state: StepState) -> Self {
-        Step { buffer: ctx.storage_buffer("step", bytemuck::bytes_of(&state)) }
+    /// Element index of `ids[0]`.
+    pub const IDS_OFFSET: u64 = 4;
+
+    pub fn new(ctx: &GpuContext, max_tokens: u32) -> Result<Self> {
+        let buffer = ctx.empty_storage("step", (Self::IDS_OFFSET + max_tokens as u64) * 4)?;
+        Ok(Step { buffer, max_tokens })
     }
 
-    /// Queue the step's numbers (lands before the next submission's work).
-    pub fn write(&self, ctx: &GpuContext, state: StepState) {
-        ctx.queue.write_buffer(&self.buffer, 0, bytemuck::bytes_of(&state));
+    /// Queue the step's positions and token ids (lands before the next submission's work).
+    pub fn write(&self, ctx: &GpuContext, pos0: u32, tokens: &[u32]) {
+        let state = StepState::new(pos0, tokens.len() as u32);
+        let mut words: Vec<u32> = Vec::with_capacity(4 + tokens.len());
+        words.extend_from_slice(bytemuck::cast_slice(bytemuck::bytes_of(&state)));
+        words.extend_from_slice(tokens);
+        ctx.queue.write_buffer(&self.buffer, 0, bytemuck::cast_slice(&words));
     }
 }

@@ -7,6 +7,7 @@
 pub const FILES: &[(&str, &str)] = &[
     ("common_decls.tmpl", include_str!("../../shaders/common_decls.tmpl")),
     ("quant_decls.tmpl", include_str!("../../shaders/quant_decls.tmpl")),
+    ("rope_decls.tmpl", include_str!("../../shaders/rope_decls.tmpl")),
     ("argmax.wgsl", include_str!("../../shaders/argmax.wgsl")),
     ("kv_shift.wgsl", include_str!("../../shaders/kv_shift.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
@@ -15,6 +16,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("embed.wgsl", include_str!("../../shaders/embed.wgsl")),
     ("rmsnorm.wgsl", include_str!("../../shaders/rmsnorm.wgsl")),
     ("rope.wgsl", include_str!("../../shaders/rope.wgsl")),
+    ("qk_rope.wgsl", include_str!("../../shaders/qk_rope.wgsl")),
     ("glu.wgsl", include_str!("../../shaders/glu.wgsl")),
     ("elementwise.wgsl", include_str!("../../shaders/elementwise.wgsl")),
     ("attention.wgsl", include_str!("../../shaders/attention.wgsl")),

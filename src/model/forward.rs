@@ -13,10 +13,11 @@
 //! Encoding is synchronous; the caller submits and reads back.
 
 use super::hparams::{Arch, HParams};
-use super::kernels as k;
+use super::kernels;
 use super::names::{self, LayerTensor as T};
 use crate::error::{Error, ErrorCode, Result};
-use crate::gpu::{GpuContext, GpuTensor};
+use crate::gpu::{GpuContext, GpuTensor, Prepared, Recorder, Step};
+use crate::ops::embed;
 use crate::kv::{KvCache, KvCacheConfig};
 use crate::loader::LoadedModel;
 use crate::ops::rope::RopeTable;
@@ -49,6 +50,9 @@ struct Layer {
     up: String,
     down: String,
     post_ffw_norm: Option<String>,
+    /// The QK-norm weights side by side, `(2, head_dim)` f32 (q's, then k's), as `qk_rope` binds
+    /// them: a copy of 2 x head_dim values made once at load.
+    qk_norm: Option<wgpu::Buffer>,
 }
 
 pub struct Model {
@@ -68,12 +72,13 @@ pub struct Workspace {
     pub max_batch: u32,
     /// Rows of logits the buffer holds.
     pub max_logit_rows: u32,
-    ids: wgpu::Buffer,
+    /// Positions and token ids of the current step.
+    pub step: Step,
     x: wgpu::Buffer,
     h: wgpu::Buffer,
-    q: wgpu::Buffer,
-    kk: wgpu::Buffer,
-    vv: wgpu::Buffer,
+    pub(crate) q: wgpu::Buffer,
+    pub(crate) kk: wgpu::Buffer,
+    pub(crate) vv: wgpu::Buffer,
     att: wgpu::Buffer,
     o: wgpu::Buffer,
     gate: wgpu::Buffer,
@@ -115,8 +120,26 @@ impl Model {
                 up: need(T::FfnUp.name(l))?,
                 down: need(T::FfnDown.name(l))?,
                 post_ffw_norm: if gemma { Some(need(T::PostFfwNorm.name(l))?) } else { None },
+                qk_norm: None,
             });
         }
+        // The QK-norm weights of each layer side by side in one small buffer (copied on the GPU).
+        let norm_bytes = hp.head_dim as u64 * 4;
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        for layer in layers.iter_mut() {
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                let buf = ctx.empty_storage("qk norm", 2 * norm_bytes)?;
+                for (i, name) in [qn, kn].into_iter().enumerate() {
+                    let t = &weights.tensors[name];
+                    if t.ty != crate::gguf::GgmlType::F32 || t.rows * t.cols != hp.head_dim as u64 || t.parts.len() != 1 {
+                        return Err(Error::new(ErrorCode::BadGguf, format!("{name} is not an f32 vector of head_dim {}", hp.head_dim)));
+                    }
+                    enc.copy_buffer_to_buffer(&t.parts[0].buffer, 0, &buf, i as u64 * norm_bytes, norm_bytes);
+                }
+                layer.qk_norm = Some(buf);
+            }
+        }
+        ctx.submit([enc.finish()]);
         need(names::TOKEN_EMBD.to_string())?;
         need(names::OUTPUT_NORM.to_string())?;
         let output = if has(names::OUTPUT) { names::OUTPUT.to_string() } else { names::TOKEN_EMBD.to_string() };
@@ -202,7 +225,7 @@ impl Model {
         Ok(Workspace {
             max_batch,
             max_logit_rows,
-            ids: f("ids", b)?,
+            step: Step::new(ctx, max_batch)?,
             x: f("x", b * hp.n_embd as u64)?,
             h: f("h", b * hp.n_embd as u64)?,
             q: f("q", b * hp.q_dim() as u64)?,
@@ -219,6 +242,10 @@ impl Model {
     /// Encode the forward pass of `tokens` at positions `pos0..`, writing their K/V into `kv`
     /// and logits into `ws.logits` (one row for `Last`, `tokens.len()` rows for `All`).
     /// The caller advances the cache (`kv.advance`) after submitting.
+    ///
+    /// One-off: this prepares a plan for the call and drops it. Loops keep a [`ForwardPlan`]
+    /// ([`Model::plan`]) and call [`Model::run`].
+    #[allow(clippy::too_many_arguments)]
     pub fn encode(
         &self,
         ctx: &GpuContext,
@@ -229,80 +256,157 @@ impl Model {
         pos0: u32,
         rows: LogitRows,
     ) -> Result<()> {
-        let hp = &self.hp;
+        let plan = self.plan(ctx, ws, kv, tokens.len() as u32, rows, pos0 + tokens.len() as u32)?;
+        self.run(ctx, enc, ws, kv, &plan, tokens, pos0)
+    }
+
+    /// Record a prepared forward pass of `tokens` at positions `pos0..` into one compute pass.
+    /// The only write is the step buffer's (positions and token ids).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        ctx: &GpuContext,
+        enc: &mut wgpu::CommandEncoder,
+        ws: &Workspace,
+        kv: &KvCache,
+        plan: &ForwardPlan,
+        tokens: &[u32],
+        pos0: u32,
+    ) -> Result<()> {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
+        self.record(ctx, &mut pass, ws, kv, plan, tokens, pos0)?;
+        ctx.count_recorded(1, 0);
+        Ok(())
+    }
+
+    /// [`Model::run`] into a compute pass the caller owns (the sampler records after it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn record(
+        &self,
+        ctx: &GpuContext,
+        pass: &mut wgpu::ComputePass<'_>,
+        ws: &Workspace,
+        kv: &KvCache,
+        plan: &ForwardPlan,
+        tokens: &[u32],
+        pos0: u32,
+    ) -> Result<()> {
         let n = tokens.len() as u32;
+        if n != plan.n_tokens {
+            return Err(Error::internal(format!("a plan for {} tokens run with {n}", plan.n_tokens)));
+        }
+        if pos0 + n > kv.n_ctx() {
+            return Err(Error::new(ErrorCode::ContextFull, format!("positions {pos0}..{} exceed the context of {}", pos0 + n, kv.n_ctx())));
+        }
+        if pos0 + n > plan.max_cells {
+            return Err(Error::internal(format!("positions up to {} past the plan's {} cells", pos0 + n, plan.max_cells)));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t >= self.hp.n_vocab) {
+            return Err(Error::invalid(format!("token id {bad} is outside the vocabulary of {}", self.hp.n_vocab)));
+        }
+        ws.step.write(ctx, pos0, tokens);
+        plan.prepared.record(pass);
+        ctx.count_recorded(0, plan.dispatches() as u64);
+        Ok(())
+    }
+
+    /// Prepare the forward pass of a batch of `n` tokens once: every dispatch with its bind group,
+    /// for the workspace and cache given (which do not move). Positions come from the workspace's
+    /// step buffer at run time; `max_cells` bounds `pos0 + n` over the plan's life.
+    pub fn plan(&self, ctx: &GpuContext, ws: &Workspace, kv: &KvCache, n: u32, rows: LogitRows, max_cells: u32) -> Result<ForwardPlan> {
+        let hp = &self.hp;
         if n == 0 || n > ws.max_batch {
             return Err(Error::invalid(format!("a batch of {n} tokens (workspace holds {})", ws.max_batch)));
         }
         if rows == LogitRows::All && n > ws.max_logit_rows {
             return Err(Error::invalid(format!("{n} rows of logits (workspace holds {})", ws.max_logit_rows)));
         }
-        if pos0 + n > kv.n_ctx() {
-            return Err(Error::new(ErrorCode::ContextFull, format!("positions {pos0}..{} exceed the context of {}", pos0 + n, kv.n_ctx())));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t >= hp.n_vocab) {
-            return Err(Error::invalid(format!("token id {bad} is outside the vocabulary of {}", hp.n_vocab)));
-        }
-        ctx.queue.write_buffer(&ws.ids, 0, bytemuck::cast_slice(tokens));
-        // Params of this pass's ~300 dispatches share one arena, written at `ctx.submit`.
-        ctx.begin_frame();
+        let max_cells = max_cells.clamp(n, kv.n_ctx());
+        let step = &ws.step.buffer;
+        let mut rec = Recorder::new(ctx);
         let (e, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
 
         // x = embed(tokens) * embedding_scale                                   (n, n_embd)
-        k::embed(ctx, enc, self.w(names::TOKEN_EMBD), &ws.ids, n, &ws.x, hp.embedding_scale)?;
+        embed::prepare(&mut rec, self.w(names::TOKEN_EMBD), step, Step::IDS_OFFSET, n, hp.embedding_scale, &ws.x, 0)?;
 
-        for (l, ly) in self.layers.iter().enumerate() {
-            let rope = &self.rope_tables[self.layer_table[l]];
-            // h = norm(x)
-            k::rmsnorm(ctx, enc, &ws.x, Some(self.w(&ly.attn_norm)), &ws.h, n, e, hp.rms_eps)?;
-            // q, k, v projections (+ bias)                              (n, q_dim), (n, kv_dim)
-            k::matmul(ctx, enc, self.w(&ly.q), &ws.h, &ws.q, n)?;
-            k::matmul(ctx, enc, self.w(&ly.k), &ws.h, &ws.kk, n)?;
-            k::matmul(ctx, enc, self.w(&ly.v), &ws.h, &ws.vv, n)?;
-            for (bias, buf, dim) in [(&ly.q_bias, &ws.q, qd), (&ly.k_bias, &ws.kk, kvd), (&ly.v_bias, &ws.vv, kvd)] {
+        // h = norm(x) for the first layer; every later pre-norm is fused with the residual add
+        // before it.
+        kernels::rmsnorm(&mut rec, &ws.x, Some(self.w(&self.layers[0].attn_norm)), &ws.h, n, e, hp.rms_eps)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let rope_table = &self.rope_tables[self.layer_table[l]];
+            // q, k, v projections of h (+ bias)                         (n, q_dim), (n, kv_dim)
+            kernels::matmul(&mut rec, self.w(&layer.q), &ws.h, &ws.q, n)?;
+            kernels::matmul(&mut rec, self.w(&layer.k), &ws.h, &ws.kk, n)?;
+            kernels::matmul(&mut rec, self.w(&layer.v), &ws.h, &ws.vv, n)?;
+            for (bias, buf, dim) in [(&layer.q_bias, &ws.q, qd), (&layer.k_bias, &ws.kk, kvd), (&layer.v_bias, &ws.vv, kvd)] {
                 if let Some(b) = bias {
-                    k::add_bias(ctx, enc, buf, self.w(b), n, dim)?;
+                    kernels::add_bias(&mut rec, buf, self.w(b), n, dim)?;
                 }
             }
-            // Per-head QK-norm (Qwen3, Gemma 3).
-            if let (Some(qn), Some(kn)) = (&ly.q_norm, &ly.k_norm) {
-                k::rmsnorm(ctx, enc, &ws.q, Some(self.w(qn)), &ws.q, n * hp.n_head, hp.head_dim, hp.rms_eps)?;
-                k::rmsnorm(ctx, enc, &ws.kk, Some(self.w(kn)), &ws.kk, n * hp.n_head_kv, hp.head_dim, hp.rms_eps)?;
-            }
-            // Rope q in place; rope k and write k, v into the cache at pos0..pos0+n.
-            k::rope_q(ctx, enc, rope, &ws.q, n, hp.n_head, pos0)?;
-            k::rope_kv_write(ctx, enc, rope, &ws.kk, &ws.vv, kv.k(l), kv.v(l), n, hp.n_head_kv, pos0)?;
+            // [QK-norm (Qwen3, Gemma 3)], rope q in place, rope k and write k, v into the cache at
+            // the step's positions                                                one dispatch
+            let qk_norm = layer.qk_norm.as_ref().map(|w| (w, hp.rms_eps));
+            kernels::qk_rope(&mut rec, rope_table, hp, ws, kv, l, n, qk_norm, step)?;
             // Attention over the cache (causal, sliding window on SWA layers).     (n, q_dim)
             let window = if hp.is_swa(l as u32) { hp.sliding_window } else { 0 };
-            k::attention(ctx, enc, hp, &ws.q, kv.k(l), kv.v(l), &ws.att, n, pos0, window)?;
-            k::matmul(ctx, enc, self.w(&ly.o), &ws.att, &ws.o, n)?;
-            if let Some(pn) = &ly.post_attn_norm {
-                k::rmsnorm(ctx, enc, &ws.o, Some(self.w(pn)), &ws.o, n, e, hp.rms_eps)?;
-            }
-            k::add_scaled(ctx, enc, &ws.x, &ws.o, hp.residual_scale, n * e)?;
-            // Feed-forward.
-            k::rmsnorm(ctx, enc, &ws.x, Some(self.w(&ly.ffn_norm)), &ws.h, n, e, hp.rms_eps)?;
-            k::matmul(ctx, enc, self.w(&ly.gate), &ws.h, &ws.gate, n)?;
-            k::matmul(ctx, enc, self.w(&ly.up), &ws.h, &ws.up, n)?;
-            k::glu(ctx, enc, &ws.gate, &ws.up, n * ff, hp.activation)?;
-            k::matmul(ctx, enc, self.w(&ly.down), &ws.gate, &ws.o, n)?;
-            if let Some(pn) = &ly.post_ffw_norm {
-                k::rmsnorm(ctx, enc, &ws.o, Some(self.w(pn)), &ws.o, n, e, hp.rms_eps)?;
-            }
-            k::add_scaled(ctx, enc, &ws.x, &ws.o, hp.residual_scale, n * e)?;
+            kernels::attention(&mut rec, hp, &ws.q, kv.k(l), kv.v(l), &ws.att, n, window, step, max_cells)?;
+            kernels::matmul(&mut rec, self.w(&layer.o), &ws.att, &ws.o, n)?;
+            // x += post_norm(o) * residual_scale;  h = norm(x)                   one dispatch
+            let post = layer.post_attn_norm.as_ref().map(|w| self.w(w));
+            kernels::residual_norm(&mut rec, &ws.x, &ws.o, post, hp.residual_scale, self.w(&layer.ffn_norm), &ws.h, n, e, hp.rms_eps)?;
+            // Feed-forward: f = act(h W_gate) * (h W_up) W_down                      (n, n_embd)
+            kernels::matmul(&mut rec, self.w(&layer.gate), &ws.h, &ws.gate, n)?;
+            kernels::matmul(&mut rec, self.w(&layer.up), &ws.h, &ws.up, n)?;
+            kernels::glu(&mut rec, &ws.gate, &ws.up, n * ff, hp.activation)?;
+            kernels::matmul(&mut rec, self.w(&layer.down), &ws.gate, &ws.o, n)?;
+            // x += post_norm(f) * residual_scale;  h = norm(x) with the next layer's pre-norm
+            // (the final norm after the last layer)                               one dispatch
+            let post = layer.post_ffw_norm.as_ref().map(|w| self.w(w));
+            let next_norm = match self.layers.get(l + 1) {
+                Some(next) => self.w(&next.attn_norm),
+                None => self.w(names::OUTPUT_NORM),
+            };
+            kernels::residual_norm(&mut rec, &ws.x, &ws.o, post, hp.residual_scale, next_norm, &ws.h, n, e, hp.rms_eps)?;
         }
 
-        // Final norm, then the output head on the rows that need logits.
-        k::rmsnorm(ctx, enc, &ws.x, Some(self.w(names::OUTPUT_NORM)), &ws.h, n, e, hp.rms_eps)?;
+        // The output head on the rows that need logits (h is the final norm of x).
         let out = self.w(&self.output);
         match rows {
-            LogitRows::Last => k::matmul_at(ctx, enc, out, &ws.h, (n as u64 - 1) * e as u64, &ws.logits, 0, 1)?,
-            LogitRows::All => k::matmul_at(ctx, enc, out, &ws.h, 0, &ws.logits, 0, n)?,
+            LogitRows::Last => kernels::matmul_at(&mut rec, out, &ws.h, (n as u64 - 1) * e as u64, &ws.logits, 0, 1)?,
+            LogitRows::All => kernels::matmul_at(&mut rec, out, &ws.h, 0, &ws.logits, 0, n)?,
         }
         if hp.logit_scale != 1.0 {
-            let r = if rows == LogitRows::Last { 1 } else { n };
-            k::scale(ctx, enc, &ws.logits, 1.0 / hp.logit_scale, r * hp.n_vocab)?;
+            let lr = if rows == LogitRows::Last { 1 } else { n };
+            kernels::scale(&mut rec, &ws.logits, 1.0 / hp.logit_scale, lr * hp.n_vocab)?;
         }
-        Ok(())
+        Ok(ForwardPlan { n_tokens: n, rows, max_cells, prepared: rec.finish() })
+    }
+}
+
+/// A forward pass prepared once for a batch shape ([`Model::plan`]), recorded every step.
+pub struct ForwardPlan {
+    pub n_tokens: u32,
+    pub rows: LogitRows,
+    /// The plan serves steps with `pos0 + n_tokens <= max_cells`.
+    pub max_cells: u32,
+    prepared: Prepared,
+}
+
+impl ForwardPlan {
+    /// Dispatches one run records.
+    pub fn dispatches(&self) -> usize {
+        self.prepared.count()
+    }
+
+    /// Dispatch counts by op kind, for `cera bench`.
+    pub fn kinds(&self) -> Vec<(&'static str, usize)> {
+        let mut v: Vec<(&'static str, usize)> = Vec::new();
+        for d in &self.prepared.dispatches {
+            match v.iter_mut().find(|(k, _)| *k == d.kind) {
+                Some(e) => e.1 += 1,
+                None => v.push((d.kind, 1)),
+            }
+        }
+        v
     }
 }

@@ -1,95 +1,102 @@
 //! The forward pass's kernel calls with the shapes it uses (whole rows from element 0), so
-//! `forward.rs` reads like the model and the ops keep their general signatures.
+//! `forward.rs` reads like the model and the ops keep their general signatures. Each call
+//! prepares its dispatches on a [`Recorder`] (once per plan).
 
 use crate::error::Result;
-use crate::gpu::{GpuContext, GpuTensor};
+use crate::gpu::{GpuTensor, Recorder};
 use crate::model::HParams;
 use crate::ops::elementwise::{self, View};
 use crate::ops::rope::RopeTable;
-use crate::ops::{attention, embed, glu, matmul, rmsnorm, rope};
-
-type Enc = wgpu::CommandEncoder;
-
-/// `out (n, n_embd) = table[ids] * scale`.
-pub fn embed(ctx: &GpuContext, enc: &mut Enc, table: &GpuTensor, ids: &wgpu::Buffer, n: u32, out: &wgpu::Buffer, scale: f32) -> Result<()> {
-    embed::encode(ctx, enc, table, ids, 0, n, scale, out, 0)
-}
+use crate::kv::KvCache;
+use crate::model::Workspace;
+use crate::ops::{attention, glu, matmul, qk_rope, rmsnorm};
 
 /// `out (rows, len) = rmsnorm(x) * w` (in place when `out` is `x`).
 #[allow(clippy::too_many_arguments)]
-pub fn rmsnorm(ctx: &GpuContext, enc: &mut Enc, x: &wgpu::Buffer, w: Option<&GpuTensor>, out: &wgpu::Buffer, rows: u32, len: u32, eps: f32) -> Result<()> {
-    rmsnorm::encode(ctx, enc, x, 0, None, w, out, 0, rows, len, eps)
+pub fn rmsnorm(rec: &mut Recorder, x: &wgpu::Buffer, w: Option<&GpuTensor>, out: &wgpu::Buffer, rows: u32, len: u32, eps: f32) -> Result<()> {
+    rmsnorm::prepare(rec, x, 0, None, w, out, 0, rows, len, eps)
+}
+
+/// `x (rows, len) += rmsnorm(add) * post * scale` (or `add * scale` without `post`), then
+/// `out = rmsnorm(x) * w`: a post-norm, the residual add and the next pre-norm in one dispatch.
+#[allow(clippy::too_many_arguments)]
+pub fn residual_norm(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    add: &wgpu::Buffer,
+    post: Option<&GpuTensor>,
+    scale: f32,
+    w: &GpuTensor,
+    out: &wgpu::Buffer,
+    rows: u32,
+    len: u32,
+    eps: f32,
+) -> Result<()> {
+    let residual = rmsnorm::Residual { buffer: add, offset: 0, scale, norm: post };
+    rmsnorm::prepare_residual(rec, x, 0, Some(residual), Some(w), out, 0, rows, len, eps)
 }
 
 /// `y (n, w.rows) = x (n, w.cols) W^T`.
-pub fn matmul(ctx: &GpuContext, enc: &mut Enc, w: &GpuTensor, x: &wgpu::Buffer, y: &wgpu::Buffer, n: u32) -> Result<()> {
-    matmul::gemm(ctx, enc, w, x, 0, y, 0, n)
+pub fn matmul(rec: &mut Recorder, w: &GpuTensor, x: &wgpu::Buffer, y: &wgpu::Buffer, n: u32) -> Result<()> {
+    matmul::prepare_auto(rec, w, x, 0, y, 0, n)
 }
 
 /// [`matmul`] from element `x_off` of `x` into element `y_off` of `y`.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_at(ctx: &GpuContext, enc: &mut Enc, w: &GpuTensor, x: &wgpu::Buffer, x_off: u64, y: &wgpu::Buffer, y_off: u64, n: u32) -> Result<()> {
-    matmul::gemm(ctx, enc, w, x, x_off, y, y_off, n)
+pub fn matmul_at(rec: &mut Recorder, w: &GpuTensor, x: &wgpu::Buffer, x_off: u64, y: &wgpu::Buffer, y_off: u64, n: u32) -> Result<()> {
+    matmul::prepare_auto(rec, w, x, x_off, y, y_off, n)
 }
 
 /// `x (n, dim) += bias`.
-pub fn add_bias(ctx: &GpuContext, enc: &mut Enc, x: &wgpu::Buffer, bias: &GpuTensor, n: u32, dim: u32) -> Result<()> {
-    elementwise::bias_add(ctx, enc, View::rows(x, 0, dim as u64), bias, n, dim)
+pub fn add_bias(rec: &mut Recorder, x: &wgpu::Buffer, bias: &GpuTensor, n: u32, dim: u32) -> Result<()> {
+    elementwise::prepare_bias_add(rec, View::rows(x, 0, dim as u64), bias, n, dim)
 }
 
-/// Rope `q (n, heads, head_dim)` in place at positions `pos0..`.
-pub fn rope_q(ctx: &GpuContext, enc: &mut Enc, table: &RopeTable, q: &wgpu::Buffer, n: u32, heads: u32, pos0: u32) -> Result<()> {
-    rope::encode(ctx, enc, table, q, 0, n, heads, pos0)
-}
-
-/// Rope `k` and write `k`, `v` `(n, kv_heads, head_dim)` into cache cells `pos0..`.
+/// [QK-norm], rope `q` in place and `k` into the cache of layer `l`, `v` into the cache, at the
+/// step's positions (`ws.q`, `ws.kk`, `ws.vv`: one batch of the workspace).
 #[allow(clippy::too_many_arguments)]
-pub fn rope_kv_write(
-    ctx: &GpuContext,
-    enc: &mut Enc,
+pub fn qk_rope(
+    rec: &mut Recorder,
     table: &RopeTable,
-    k: &wgpu::Buffer,
-    v: &wgpu::Buffer,
-    k_cache: &wgpu::Buffer,
-    v_cache: &wgpu::Buffer,
+    hp: &HParams,
+    ws: &Workspace,
+    kv: &KvCache,
+    layer: usize,
     n: u32,
-    kv_heads: u32,
-    pos0: u32,
+    norm: Option<(&wgpu::Buffer, f32)>,
+    step: &wgpu::Buffer,
 ) -> Result<()> {
-    rope::encode_kv_write(ctx, enc, table, k, 0, v, 0, n, kv_heads, pos0, k_cache, v_cache)
+    let b = qk_rope::QkvBuffers { q: &ws.q, q_offset: 0, k: &ws.kk, k_offset: 0, v: &ws.vv, v_offset: 0, k_cache: kv.k(layer), v_cache: kv.v(layer) };
+    qk_rope::prepare(rec, table, &b, n, hp.n_head, hp.n_head_kv, norm, 0, step)
 }
 
-/// `out (n, n_head, head_dim) = softmax(q K^T * scale + mask) V` over the cache.
+/// `out (n, n_head, head_dim) = softmax(q K^T * scale + mask) V` over the cache, at the step's
+/// positions, for runs attending to at most `max_cells` cells.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
-    ctx: &GpuContext,
-    enc: &mut Enc,
+    rec: &mut Recorder,
     hp: &HParams,
     q: &wgpu::Buffer,
     k_cache: &wgpu::Buffer,
     v_cache: &wgpu::Buffer,
     out: &wgpu::Buffer,
     n: u32,
-    pos0: u32,
     window: u32,
+    step: &wgpu::Buffer,
+    max_cells: u32,
 ) -> Result<()> {
-    let p = attention::AttentionParams::new(n, hp.n_head, hp.n_head_kv, hp.head_dim, pos0, window, hp.attention_scale, 0.0);
-    attention::encode(ctx, enc, &p, q, k_cache, v_cache, out)
+    let p = attention::AttentionParams::new(n, hp.n_head, hp.n_head_kv, hp.head_dim, 0, window, hp.attention_scale, 0.0);
+    let cfg = attention::AttentionConfig::for_device(rec.ctx);
+    attention::prepare(rec, cfg, &p, q, k_cache, v_cache, out, step, max_cells as u64)
 }
 
 /// `gate (count) = act(gate) * up`.
-pub fn glu(ctx: &GpuContext, enc: &mut Enc, gate: &wgpu::Buffer, up: &wgpu::Buffer, count: u32, act: glu::Activation) -> Result<()> {
+pub fn glu(rec: &mut Recorder, gate: &wgpu::Buffer, up: &wgpu::Buffer, count: u32, act: glu::Activation) -> Result<()> {
     let (g, u) = (View::rows(gate, 0, count as u64), View::rows(up, 0, count as u64));
-    glu::encode(ctx, enc, act, g, u, g, 1, count)
-}
-
-/// `x (count) += b * scale`.
-pub fn add_scaled(ctx: &GpuContext, enc: &mut Enc, x: &wgpu::Buffer, b: &wgpu::Buffer, scale: f32, count: u32) -> Result<()> {
-    let (xv, bv) = (View::rows(x, 0, count as u64), View::rows(b, 0, count as u64));
-    elementwise::add_scaled(ctx, enc, xv, bv, scale, xv, 1, count)
+    glu::prepare(rec, act, g, u, g, 1, count)
 }
 
 /// `x (count) *= s`.
-pub fn scale(ctx: &GpuContext, enc: &mut Enc, x: &wgpu::Buffer, s: f32, count: u32) -> Result<()> {
-    elementwise::scale(ctx, enc, View::rows(x, 0, count as u64), s, 1, count)
+pub fn scale(rec: &mut Recorder, x: &wgpu::Buffer, s: f32, count: u32) -> Result<()> {
+    elementwise::prepare_scale(rec, View::rows(x, 0, count as u64), s, 1, count)
 }

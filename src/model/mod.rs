@@ -5,5 +5,5 @@ pub mod hparams;
 mod kernels;
 pub mod names;
 
-pub use forward::{LogitRows, Model, Workspace};
+pub use forward::{ForwardPlan, LogitRows, Model, Workspace};
 pub use hparams::{Activation, Arch, HParams};

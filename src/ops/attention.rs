@@ -18,7 +18,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, GpuContext, PipelineKey};
+use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
 
 pub const SHADER: &str = "attention.wgsl";
 pub const ENTRY: &str = "attention";
@@ -236,6 +236,27 @@ pub fn encode_with(
     v_cache: &wgpu::Buffer,
     out: &wgpu::Buffer,
 ) -> Result<()> {
+    let mut rec = Recorder::new(ctx);
+    prepare(&mut rec, cfg, p, q, k_cache, v_cache, out, ctx.zero_step(), p.n_cells())?;
+    rec.encode(encoder)
+}
+
+/// Prepare [`encode_with`]. Token `t` sits at position `step.pos0 + p.pos0 + t`, with `step` a
+/// [`crate::gpu::Step`] buffer read when the dispatch runs; `max_cells` bounds the cells any run
+/// will attend to (the kernel shape is fitted to it, and the caches must hold it).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare(
+    rec: &mut Recorder,
+    cfg: AttentionConfig,
+    p: &AttentionParams,
+    q: &wgpu::Buffer,
+    k_cache: &wgpu::Buffer,
+    v_cache: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    step: &wgpu::Buffer,
+    max_cells: u64,
+) -> Result<()> {
+    let ctx = rec.ctx;
     p.validate()?;
     if p.n_tokens == 0 {
         return Ok(());
@@ -244,7 +265,8 @@ pub fn encode_with(
         return Err(Error::invalid("attention: out must be a buffer other than q"));
     }
     let rows = p.n_tokens as u64 * p.n_head as u64 * p.head_dim as u64 * 4;
-    let cache = p.n_cells() * p.n_kv_head as u64 * p.head_dim as u64 * 4;
+    let max_cells = max_cells.max(p.n_cells());
+    let cache = max_cells * p.n_kv_head as u64 * p.head_dim as u64 * 4;
     let short = |what: &str, have: u64, need: u64| {
         Error::invalid(format!("attention: {what} holds {have} bytes, {need} are needed (pos0 {}, {} tokens)", p.pos0, p.n_tokens))
     };
@@ -258,7 +280,9 @@ pub fn encode_with(
             return Err(short(what, buf.size(), need));
         }
     }
-    let cfg = cfg.fit(ctx, p);
+    // Fit the shape to the longest range a run may walk (lavapipe's loop limit).
+    let worst = AttentionParams { pos0: (max_cells - p.n_tokens as u64) as u32, ..*p };
+    let cfg = cfg.fit(ctx, &worst);
     let pipe = ctx.pipeline(&key(cfg))?;
     let wg = pipe.decisions.workgroup_size as u64;
     let coop = pipe.key.defines.iter().any(|(k, _)| k == "COOP");
@@ -266,22 +290,20 @@ pub fn encode_with(
     let groups = if coop { pairs } else { pairs.div_ceil(wg) };
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
-    let ubuf = ctx.uniform_buffer(&label, p);
-    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(&label),
-        layout: &pipe.layout,
-        entries: &[
+    let ubuf = rec.uniform(&label, p);
+    rec.push(
+        "attention",
+        &pipe,
+        &[
             wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
             wgpu::BindGroupEntry { binding: 1, resource: q.as_entire_binding() },
             wgpu::BindGroupEntry { binding: 2, resource: k_cache.as_entire_binding() },
             wgpu::BindGroupEntry { binding: 3, resource: v_cache.as_entire_binding() },
             wgpu::BindGroupEntry { binding: 4, resource: out.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 5, resource: step.as_entire_binding() },
         ],
-    });
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&label), timestamp_writes: None });
-    pass.set_pipeline(&pipe.pipeline);
-    pass.set_bind_group(0, &bind, &[]);
-    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        grid,
+    );
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey};
+use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
 
 pub const SHADER: &str = "elementwise.wgsl";
 /// Invocations per workgroup (clamped to the device's limits).
@@ -155,8 +155,7 @@ impl<'a> View<'a> {
 }
 
 fn run(
-    ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    rec: &mut Recorder,
     key: PipelineKey,
     params: ElementwiseParams,
     entries: Vec<wgpu::BindGroupEntry>,
@@ -166,18 +165,15 @@ fn run(
     if total == 0 {
         return Ok(());
     }
+    let ctx = rec.ctx;
     let pipe = ctx.pipeline(&key)?;
     let groups = total.div_ceil(pipe.decisions.workgroup_size as u64);
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
-    let ubuf = ctx.uniform_buffer(&label, &params);
+    let ubuf = rec.uniform(&label, &params);
     let mut all = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
     all.extend(entries);
-    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &pipe.layout, entries: &all });
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&label), timestamp_writes: None });
-    pass.set_pipeline(&pipe.pipeline);
-    pass.set_bind_group(0, &bind, &[]);
-    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    rec.push("elementwise", &pipe, &all, grid);
     Ok(())
 }
 
@@ -196,6 +192,15 @@ pub fn add_scaled(
     n_rows: u32,
     n_cols: u32,
 ) -> Result<()> {
+    let mut rec = Recorder::new(ctx);
+    prepare_add_scaled(&mut rec, a, b, scale_b, out, n_rows, n_cols)?;
+    rec.encode(encoder)
+}
+
+/// Prepare the dispatch of [`add_scaled`].
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_add_scaled(rec: &mut Recorder, a: View, b: View, scale_b: f32, out: View, n_rows: u32, n_cols: u32) -> Result<()> {
+    let ctx = rec.ctx;
     let plan = BindingPlan::new(out.buffer, &[a.buffer, b.buffer]);
     let key = add_key(ctx.limits.workgroup_size(WORKGROUP_SIZE), &plan.names, plan.reads.len());
     let params = ElementwiseParams {
@@ -210,7 +215,7 @@ pub fn add_scaled(
         scale: scale_b,
         ..Default::default()
     };
-    run(ctx, encoder, key, params, plan.entries(out.buffer))
+    run(rec, key, params, plan.entries(out.buffer))
 }
 
 /// `x[r, i] += bias[i]` for `(n_rows, n_cols)` in place (Qwen2's Q/K/V biases).
@@ -218,17 +223,31 @@ pub fn add_scaled(
 /// - `x`: `(n_rows, n_cols)` view (rows `x.stride` apart)
 /// - `bias`: `(n_cols)` f32 tensor in one part
 pub fn bias_add(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, x: View, bias: &GpuTensor, n_rows: u32, n_cols: u32) -> Result<()> {
+    let mut rec = Recorder::new(ctx);
+    prepare_bias_add(&mut rec, x, bias, n_rows, n_cols)?;
+    rec.encode(encoder)
+}
+
+/// Prepare the dispatch of [`bias_add`].
+pub fn prepare_bias_add(rec: &mut Recorder, x: View, bias: &GpuTensor, n_rows: u32, n_cols: u32) -> Result<()> {
     if bias.ty != crate::gguf::GgmlType::F32 || bias.rows * bias.cols != n_cols as u64 || bias.parts.len() != 1 {
         return Err(Error::invalid(format!("bias_add: bias {} is not an f32 vector of {n_cols} in one part", bias.name)));
     }
     let b = View { buffer: &bias.parts[0].buffer, offset: 0, stride: 0 };
-    add_scaled(ctx, encoder, x, b, 1.0, x, n_rows, n_cols)
+    prepare_add_scaled(rec, x, b, 1.0, x, n_rows, n_cols)
 }
 
 /// `x[r, i] *= s` for `(n_rows, n_cols)` in place.
 ///
 /// - `x`: `(n_rows, n_cols)` view
 pub fn scale(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, x: View, s: f32, n_rows: u32, n_cols: u32) -> Result<()> {
+    let mut rec = Recorder::new(ctx);
+    prepare_scale(&mut rec, x, s, n_rows, n_cols)?;
+    rec.encode(encoder)
+}
+
+/// Prepare the dispatch of [`scale`].
+pub fn prepare_scale(rec: &mut Recorder, x: View, s: f32, n_rows: u32, n_cols: u32) -> Result<()> {
     let params = ElementwiseParams {
         n_rows,
         n_cols,
@@ -238,7 +257,8 @@ pub fn scale(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, x: View, s: f
         ..Default::default()
     };
     let entries = vec![wgpu::BindGroupEntry { binding: 1, resource: x.buffer.as_entire_binding() }];
-    run(ctx, encoder, scale_key(ctx.limits.workgroup_size(WORKGROUP_SIZE)), params, entries)
+    let wg = rec.ctx.limits.workgroup_size(WORKGROUP_SIZE);
+    run(rec, scale_key(wg), params, entries)
 }
 
 /// CPU reference of [`add_scaled`] on plain `(n_rows, n_cols)` slices (`b` of one row broadcasts).

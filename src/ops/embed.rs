@@ -13,7 +13,7 @@ use super::matmul::{units_per_row, TYPES};
 use super::{Variant, WgslParams};
 use crate::error::{Error, ErrorCode, Result};
 use crate::gguf::GgmlType;
-use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey};
+use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
 
 pub const SHADER: &str = "embed.wgsl";
 pub const ENTRY: &str = "embed";
@@ -101,9 +101,27 @@ pub fn encode(
     out: &wgpu::Buffer,
     out_offset: u64,
 ) -> Result<()> {
+    let mut rec = Recorder::new(ctx);
+    prepare(&mut rec, table, ids, ids_offset, n_tokens, scale, out, out_offset)?;
+    rec.encode(encoder)
+}
+
+/// Prepare the dispatches of [`encode`] (one per part of the table).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare(
+    rec: &mut Recorder,
+    table: &GpuTensor,
+    ids: &wgpu::Buffer,
+    ids_offset: u64,
+    n_tokens: u32,
+    scale: f32,
+    out: &wgpu::Buffer,
+    out_offset: u64,
+) -> Result<()> {
     if n_tokens == 0 || table.rows == 0 {
         return Ok(());
     }
+    let ctx = rec.ctx;
     let pipe = ctx.pipeline(&key(table.ty, ctx.limits.workgroup_size(WORKGROUP_SIZE))?)?;
     let wg = pipe.decisions.workgroup_size as u64;
     let u32_of = |what: &str, v: u64| {
@@ -111,7 +129,6 @@ pub fn encode(
     };
     let units = units_per_row(table.ty, table.cols);
     let label = pipe.key.label();
-    let mut binds = Vec::with_capacity(table.parts.len());
     for part in table.parts.iter().filter(|p| p.rows > 0) {
         let params = EmbedParams {
             n_tokens,
@@ -129,24 +146,18 @@ pub fn encode(
         };
         let groups = (n_tokens as u64 * units).div_ceil(wg);
         let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
-        let ubuf = ctx.uniform_buffer(&label, &params);
-        let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(&label),
-            layout: &pipe.layout,
-            entries: &[
+        let ubuf = rec.uniform(&label, &params);
+        rec.push(
+            "embed",
+            &pipe,
+            &[
                 wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
                 wgpu::BindGroupEntry { binding: 1, resource: part.buffer.as_entire_binding() },
                 wgpu::BindGroupEntry { binding: 2, resource: ids.as_entire_binding() },
                 wgpu::BindGroupEntry { binding: 3, resource: out.as_entire_binding() },
             ],
-        });
-        binds.push((bind, grid));
-    }
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&label), timestamp_writes: None });
-    pass.set_pipeline(&pipe.pipeline);
-    for (bind, grid) in &binds {
-        pass.set_bind_group(0, bind, &[]);
-        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+            grid,
+        );
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::mem::offset_of;
 use super::elementwise::{two_input_patterns, BindingPlan, View};
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, GpuContext, PipelineKey};
+use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
 
 pub const SHADER: &str = "glu.wgsl";
 pub const ENTRY: &str = "glu";
@@ -114,6 +114,14 @@ pub fn encode(
     n_rows: u32,
     n_cols: u32,
 ) -> Result<()> {
+    let mut rec = Recorder::new(ctx);
+    prepare(&mut rec, act, gate, up, out, n_rows, n_cols)?;
+    rec.encode(encoder)
+}
+
+/// Prepare the dispatch of [`encode`].
+pub fn prepare(rec: &mut Recorder, act: Activation, gate: View, up: View, out: View, n_rows: u32, n_cols: u32) -> Result<()> {
+    let ctx = rec.ctx;
     let total = n_rows as u64 * n_cols as u64;
     u32_of("elements", total)?;
     if total == 0 {
@@ -134,14 +142,10 @@ pub fn encode(
     let groups = total.div_ceil(pipe.decisions.workgroup_size as u64);
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
-    let ubuf = ctx.uniform_buffer(&label, &params);
+    let ubuf = rec.uniform(&label, &params);
     let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
     entries.extend(plan.entries(out.buffer));
-    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &pipe.layout, entries: &entries });
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&label), timestamp_writes: None });
-    pass.set_pipeline(&pipe.pipeline);
-    pass.set_bind_group(0, &bind, &[]);
-    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    rec.push("glu", &pipe, &entries, grid);
     Ok(())
 }
 

@@ -17,7 +17,7 @@ use std::mem::offset_of;
 use super::{Variant, WgslParams};
 use crate::error::{Error, ErrorCode, Result};
 use crate::gguf::GgmlType;
-use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey};
+use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
 
 pub const SHADER: &str = "matmul.wgsl";
 pub const ENTRY: &str = "matmul";
@@ -256,9 +256,34 @@ pub fn matmul(
     y_offset: u64,
     n_tokens: u32,
 ) -> Result<()> {
+    let mut rec = Recorder::new(ctx);
+    prepare(&mut rec, cfg, w, x, x_offset, y, y_offset, n_tokens)?;
+    rec.encode(encoder)
+}
+
+/// `Y[t, r] = sum_c W[r, c] * X[t, c]` in the device's shape for `n_tokens` (GEMV for one).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_auto(rec: &mut Recorder, w: &GpuTensor, x: &wgpu::Buffer, x_offset: u64, y: &wgpu::Buffer, y_offset: u64, n_tokens: u32) -> Result<()> {
+    let cfg = if n_tokens == 1 { MatmulConfig::gemv(rec.ctx) } else { MatmulConfig::gemm(rec.ctx) };
+    prepare(rec, cfg, w, x, x_offset, y, y_offset, n_tokens)
+}
+
+/// Prepare the dispatches of [`matmul`]: one per part of the weight.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare(
+    rec: &mut Recorder,
+    cfg: MatmulConfig,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    x_offset: u64,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    n_tokens: u32,
+) -> Result<()> {
     if n_tokens == 0 || w.rows == 0 {
         return Ok(());
     }
+    let ctx = rec.ctx;
     let cfg = cfg.fit(ctx);
     let pipe = ctx.pipeline(&key(w.ty, cfg)?)?;
     let wg = pipe.decisions.workgroup_size;
@@ -267,7 +292,6 @@ pub fn matmul(
     let too_big = |what: &str, v: u64| Error::invalid(format!("matmul {}: {what} = {v} does not fit in u32", w.name));
     let u32_of = |what: &str, v: u64| u32::try_from(v).map_err(|_| too_big(what, v));
     let label = pipe.key.label();
-    let mut binds = Vec::with_capacity(w.parts.len());
     for part in &w.parts {
         if part.rows == 0 {
             continue;
@@ -289,24 +313,18 @@ pub fn matmul(
             pad0: 0,
             pad1: 0,
         };
-        let ubuf = ctx.uniform_buffer(&label, &params);
-        let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(&label),
-            layout: &pipe.layout,
-            entries: &[
+        let ubuf = rec.uniform(&label, &params);
+        rec.push(
+            "matmul",
+            &pipe,
+            &[
                 wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
                 wgpu::BindGroupEntry { binding: 1, resource: part.buffer.as_entire_binding() },
                 wgpu::BindGroupEntry { binding: 2, resource: x.as_entire_binding() },
                 wgpu::BindGroupEntry { binding: 3, resource: y.as_entire_binding() },
             ],
-        });
-        binds.push((bind, grid));
-    }
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&label), timestamp_writes: None });
-    pass.set_pipeline(&pipe.pipeline);
-    for (bind, grid) in &binds {
-        pass.set_bind_group(0, bind, &[]);
-        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+            grid,
+        );
     }
     Ok(())
 }
@@ -340,10 +358,17 @@ pub async fn bench_gemv_with(ctx: &GpuContext, cfg: MatmulConfig, ty: GgmlType, 
     let xs: Vec<f32> = (0..cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
     let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&xs));
     let y = ctx.empty_storage("bench y", rows * 4)?;
+    // Prepared once, recorded `n` times into one pass: the kernel's time, not the CPU's.
+    let mut rec = Recorder::new(ctx);
+    prepare(&mut rec, cfg, &w, &x, 0, &y, 0, 1)?;
+    let prepared = rec.finish();
     let run = |n: u32| -> Result<()> {
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("bench gemv") });
-        for _ in 0..n {
-            matmul(ctx, &mut enc, cfg, &w, &x, 0, &y, 0, 1)?;
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("bench gemv"), timestamp_writes: None });
+            for _ in 0..n {
+                prepared.record(&mut pass);
+            }
         }
         ctx.submit([enc.finish()]);
         Ok(())

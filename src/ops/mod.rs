@@ -9,6 +9,7 @@ pub mod glu;
 pub mod kv_shift;
 pub mod matmul;
 pub mod penalty;
+pub mod qk_rope;
 pub mod rmsnorm;
 pub mod rope;
 pub mod topk;
@@ -42,6 +43,7 @@ pub fn all_variants() -> Vec<Variant> {
     v.extend(embed::variants());
     v.extend(rmsnorm::variants());
     v.extend(rope::variants());
+    v.extend(qk_rope::variants());
     v.extend(glu::variants());
     v.extend(elementwise::variants());
     v.extend(attention::variants());
@@ -59,6 +61,7 @@ pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usiz
         entry::<embed::EmbedParams>(),
         entry::<rmsnorm::RmsNormParams>(),
         entry::<rope::RopeParams>(),
+        entry::<qk_rope::QkRopeParams>(),
         entry::<glu::GluParams>(),
         entry::<elementwise::ElementwiseParams>(),
     ]);

@@ -10,7 +10,7 @@ use std::mem::offset_of;
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
 use crate::gguf::GgmlType;
-use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey};
+use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
 
 pub const SHADER: &str = "rmsnorm.wgsl";
 pub const ENTRY: &str = "rmsnorm";
@@ -27,7 +27,8 @@ pub struct RmsNormParams {
     pub out_offset: u32,
     pub add_offset: u32,
     pub w_offset: u32,
-    pub pad0: u32,
+    /// Residual scale of the addend (with `add`).
+    pub add_scale: f32,
 }
 
 impl WgslParams for RmsNormParams {
@@ -41,7 +42,7 @@ impl WgslParams for RmsNormParams {
         ("out_offset", offset_of!(RmsNormParams, out_offset)),
         ("add_offset", offset_of!(RmsNormParams, add_offset)),
         ("w_offset", offset_of!(RmsNormParams, w_offset)),
-        ("pad0", offset_of!(RmsNormParams, pad0)),
+        ("add_scale", offset_of!(RmsNormParams, add_scale)),
     ];
 }
 
@@ -50,6 +51,8 @@ impl WgslParams for RmsNormParams {
 pub struct RmsNormVariant {
     pub weight: bool,
     pub add: bool,
+    /// The addend is normed (with its own weight) before it is added.
+    pub add_norm: bool,
     pub out_is_x: bool,
     pub workgroup_size: u32,
 }
@@ -57,7 +60,7 @@ pub struct RmsNormVariant {
 pub fn key(v: RmsNormVariant) -> PipelineKey {
     let mut k = PipelineKey::new(SHADER, ENTRY).workgroup_size(v.workgroup_size);
     k = k.define("X_ACCESS", if v.add || v.out_is_x { "read_write" } else { "read" });
-    for (on, name) in [(v.weight, "WEIGHT"), (v.add, "ADD"), (v.out_is_x, "OUT_IS_X")] {
+    for (on, name) in [(v.weight, "WEIGHT"), (v.add, "ADD"), (v.add && v.add_norm, "ADD_NORM"), (v.out_is_x, "OUT_IS_X")] {
         if on {
             k = k.define(name, "");
         }
@@ -77,8 +80,12 @@ pub fn workgroup_size(ctx: &GpuContext) -> u32 {
 pub fn variants() -> Vec<Variant> {
     let mut out = Vec::new();
     for wg in [64u32, 256] {
-        for bits in 0..8u32 {
-            let v = RmsNormVariant { weight: bits & 1 != 0, add: bits & 2 != 0, out_is_x: bits & 4 != 0, workgroup_size: wg };
+        for bits in 0..16u32 {
+            let (add, add_norm) = (bits & 2 != 0, bits & 8 != 0);
+            if add_norm && !add {
+                continue;
+            }
+            let v = RmsNormVariant { weight: bits & 1 != 0, add, add_norm, out_is_x: bits & 4 != 0, workgroup_size: wg };
             let k = key(v);
             out.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
         }
@@ -111,10 +118,61 @@ pub fn encode(
     row_len: u32,
     eps: f32,
 ) -> Result<()> {
+    let mut rec = Recorder::new(ctx);
+    prepare(&mut rec, x, x_offset, add, w, out, out_offset, n_rows, row_len, eps)?;
+    rec.encode(encoder)
+}
+
+/// Prepare the dispatch of [`encode`].
+#[allow(clippy::too_many_arguments)]
+pub fn prepare(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    x_offset: u64,
+    add: Option<(&wgpu::Buffer, u64)>,
+    w: Option<&GpuTensor>,
+    out: &wgpu::Buffer,
+    out_offset: u64,
+    n_rows: u32,
+    row_len: u32,
+    eps: f32,
+) -> Result<()> {
+    let add = add.map(|(buffer, offset)| Residual { buffer, offset, scale: 1.0, norm: None });
+    prepare_residual(rec, x, x_offset, add, w, out, out_offset, n_rows, row_len, eps)
+}
+
+/// The addend of a fused residual add: `x += rmsnorm(add) * norm * scale` (with a norm weight,
+/// a post-norm), or `x += add * scale`.
+#[derive(Clone, Copy)]
+pub struct Residual<'a> {
+    /// `(n_rows, row_len)` f32 from element `offset`; a buffer other than `x` and `out`.
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub scale: f32,
+    /// `(row_len)` f32 weight of the addend's own norm.
+    pub norm: Option<&'a GpuTensor>,
+}
+
+/// [`prepare`] with a [`Residual`] addend: a block's post-norm, its residual add and the next
+/// pre-norm in one dispatch.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_residual(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    x_offset: u64,
+    add: Option<Residual>,
+    w: Option<&GpuTensor>,
+    out: &wgpu::Buffer,
+    out_offset: u64,
+    n_rows: u32,
+    row_len: u32,
+    eps: f32,
+) -> Result<()> {
+    let ctx = rec.ctx;
     if n_rows == 0 || row_len == 0 {
         return Ok(());
     }
-    if let Some(w) = w {
+    for w in [w, add.and_then(|a| a.norm)].into_iter().flatten() {
         if w.ty != GgmlType::F32 || w.rows * w.cols != row_len as u64 || w.parts.len() != 1 {
             return Err(Error::invalid(format!(
                 "rmsnorm: weight {} is {} {}x{} in {} parts; an f32 vector of {row_len} in one part is needed",
@@ -126,12 +184,18 @@ pub fn encode(
             )));
         }
     }
-    if let Some((a, _)) = add {
-        if a == x || a == out {
+    if let Some(a) = add {
+        if a.buffer == x || a.buffer == out {
             return Err(Error::invalid("rmsnorm: the residual `add` must be a buffer other than x and out"));
         }
     }
-    let v = RmsNormVariant { weight: w.is_some(), add: add.is_some(), out_is_x: out == x, workgroup_size: workgroup_size(ctx) };
+    let v = RmsNormVariant {
+        weight: w.is_some(),
+        add: add.is_some(),
+        add_norm: add.is_some_and(|a| a.norm.is_some()),
+        out_is_x: out == x,
+        workgroup_size: workgroup_size(ctx),
+    };
     let pipe = ctx.pipeline(&key(v))?;
     let params = RmsNormParams {
         n_rows,
@@ -139,12 +203,12 @@ pub fn encode(
         eps,
         x_offset: u32_of("x offset", x_offset)?,
         out_offset: u32_of("out offset", out_offset)?,
-        add_offset: u32_of("add offset", add.map_or(0, |a| a.1))?,
+        add_offset: u32_of("add offset", add.map_or(0, |a| a.offset))?,
         w_offset: 0,
-        pad0: 0,
+        add_scale: add.map_or(1.0, |a| a.scale),
     };
     let label = pipe.key.label();
-    let ubuf = ctx.uniform_buffer(&label, &params);
+    let ubuf = rec.uniform(&label, &params);
     let mut entries = vec![
         wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
         wgpu::BindGroupEntry { binding: 1, resource: x.as_entire_binding() },
@@ -152,18 +216,17 @@ pub fn encode(
     if !v.out_is_x {
         entries.push(wgpu::BindGroupEntry { binding: 2, resource: out.as_entire_binding() });
     }
-    if let Some((a, _)) = add {
-        entries.push(wgpu::BindGroupEntry { binding: 3, resource: a.as_entire_binding() });
+    if let Some(a) = add {
+        entries.push(wgpu::BindGroupEntry { binding: 3, resource: a.buffer.as_entire_binding() });
+        if let Some(n) = a.norm {
+            entries.push(wgpu::BindGroupEntry { binding: 5, resource: n.parts[0].buffer.as_entire_binding() });
+        }
     }
     if let Some(w) = w {
         entries.push(wgpu::BindGroupEntry { binding: 4, resource: w.parts[0].buffer.as_entire_binding() });
     }
-    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &pipe.layout, entries: &entries });
     let grid = grid_2d(n_rows as u64, ctx.limits.max_compute_workgroups_per_dimension)?;
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&label), timestamp_writes: None });
-    pass.set_pipeline(&pipe.pipeline);
-    pass.set_bind_group(0, &bind, &[]);
-    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    rec.push("rmsnorm", &pipe, &entries, grid);
     Ok(())
 }
 
@@ -181,4 +244,26 @@ pub fn reference(x: &[f32], add: Option<&[f32]>, w: Option<&[f32]>, row_len: usi
         out.extend(row.iter().enumerate().map(|(i, v)| v * inv * w.map_or(1.0, |w| w[i] as f64)));
     }
     (out, sum)
+}
+
+/// CPU reference of [`prepare_residual`] in f64: `x + rmsnorm(add) * add_w * scale` (or
+/// `x + add * scale` without `add_w`), then its norm times `w`. Returns `(out, sum)`.
+pub fn reference_residual(
+    x: &[f32],
+    add: &[f32],
+    add_w: Option<&[f32]>,
+    scale: f32,
+    w: Option<&[f32]>,
+    row_len: usize,
+    eps: f32,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut addend: Vec<f32> = Vec::with_capacity(add.len());
+    for row in add.chunks(row_len) {
+        let inv = match add_w {
+            Some(_) => 1.0 / (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / row_len as f64 + eps as f64).sqrt(),
+            None => 1.0,
+        };
+        addend.extend(row.iter().enumerate().map(|(i, &v)| (v as f64 * inv * add_w.map_or(1.0, |a| a[i] as f64) * scale as f64) as f32));
+    }
+    reference(x, Some(&addend), w, row_len, eps)
 }

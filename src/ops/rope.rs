@@ -18,7 +18,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, GpuContext, PipelineKey};
+use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
 use crate::rope::RopeConfig;
 
 pub const SHADER: &str = "rope.wgsl";
@@ -113,8 +113,7 @@ pub fn variants() -> Vec<Variant> {
 }
 
 fn dispatch(
-    ctx: &GpuContext,
-    encoder: &mut wgpu::CommandEncoder,
+    rec: &mut Recorder,
     kv_write: bool,
     params: &RopeParams,
     invocations: u64,
@@ -123,18 +122,15 @@ fn dispatch(
     if invocations == 0 {
         return Ok(());
     }
+    let ctx = rec.ctx;
     let pipe = ctx.pipeline(&key(kv_write, ctx.limits.workgroup_size(WORKGROUP_SIZE)))?;
     let groups = invocations.div_ceil(pipe.decisions.workgroup_size as u64);
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
-    let ubuf = ctx.uniform_buffer(&label, params);
+    let ubuf = rec.uniform(&label, params);
     let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
     entries.extend(buffers.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }));
-    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &pipe.layout, entries: &entries });
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&label), timestamp_writes: None });
-    pass.set_pipeline(&pipe.pipeline);
-    pass.set_bind_group(0, &bind, &[]);
-    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    rec.push(if kv_write { "rope_kv_write" } else { "rope" }, &pipe, &entries, grid);
     Ok(())
 }
 
@@ -168,9 +164,27 @@ pub fn encode(
     n_heads: u32,
     pos0: u32,
 ) -> Result<()> {
+    let mut rec = Recorder::new(ctx);
+    prepare(&mut rec, table, x, x_offset, n_tokens, n_heads, pos0, ctx.zero_step())?;
+    rec.encode(encoder)
+}
+
+/// Prepare [`encode`]: token `t` goes to position `step.pos0 + pos0 + t`, with `step` a
+/// [`crate::gpu::Step`] buffer read when the dispatch runs.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare(
+    rec: &mut Recorder,
+    table: &RopeTable,
+    x: &wgpu::Buffer,
+    x_offset: u64,
+    n_tokens: u32,
+    n_heads: u32,
+    pos0: u32,
+    step: &wgpu::Buffer,
+) -> Result<()> {
     let p = params(table, n_tokens, n_heads, pos0, x_offset, 0)?;
     let inv = n_tokens as u64 * n_heads as u64 * (p.n_rot / 2) as u64;
-    dispatch(ctx, encoder, false, &p, inv, &[(1, x), (2, &table.buffer)])
+    dispatch(rec, false, &p, inv, &[(1, x), (2, &table.buffer), (6, step)])
 }
 
 /// Rotate `k` to positions `pos0 + t` and write it, and `v` as is, into cells `pos0 + t` of one
@@ -195,6 +209,29 @@ pub fn encode_kv_write(
     k_cache: &wgpu::Buffer,
     v_cache: &wgpu::Buffer,
 ) -> Result<()> {
+    let mut rec = Recorder::new(ctx);
+    prepare_kv_write(&mut rec, table, k, k_offset, v, v_offset, n_tokens, n_kv_heads, pos0, k_cache, v_cache, ctx.zero_step())?;
+    rec.encode(encoder)
+}
+
+/// Prepare [`encode_kv_write`]: token `t` goes to position (== cell) `step.pos0 + pos0 + t`,
+/// with `step` a [`crate::gpu::Step`] buffer read when the dispatch runs. The bounds check here
+/// covers `pos0` alone; whoever moves `step.pos0` keeps the cells within the cache.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_kv_write(
+    rec: &mut Recorder,
+    table: &RopeTable,
+    k: &wgpu::Buffer,
+    k_offset: u64,
+    v: &wgpu::Buffer,
+    v_offset: u64,
+    n_tokens: u32,
+    n_kv_heads: u32,
+    pos0: u32,
+    k_cache: &wgpu::Buffer,
+    v_cache: &wgpu::Buffer,
+    step: &wgpu::Buffer,
+) -> Result<()> {
     let p = params(table, n_tokens, n_kv_heads, pos0, k_offset, v_offset)?;
     let cell_bytes = n_kv_heads as u64 * p.head_dim as u64 * 4;
     let end = (pos0 as u64 + n_tokens as u64) * cell_bytes;
@@ -206,7 +243,7 @@ pub fn encode_kv_write(
         )));
     }
     let inv = n_tokens as u64 * n_kv_heads as u64 * (p.head_dim / 2) as u64;
-    dispatch(ctx, encoder, true, &p, inv, &[(1, k), (2, &table.buffer), (3, v), (4, k_cache), (5, v_cache)])
+    dispatch(rec, true, &p, inv, &[(1, k), (2, &table.buffer), (3, v), (4, k_cache), (5, v_cache), (6, step)])
 }
 
 /// CPU reference: [`RopeConfig::apply_heads`] (f64 angles) on each token's row of `x`

@@ -1,0 +1,128 @@
+// The attention inputs of one step in one dispatch: per-head RMS norm of q and k (QK-norm, when
+// NORM is defined), rotary embedding of both, q in place, k into the K cache, and v copied into
+// the V cache. It replaces q-norm, k-norm, rope and rope_kv_write (four dispatches per layer).
+//
+// One workgroup per head row (the 2-D grid of get_wid):
+//   rows [0, T * n_head)                      q heads: token t = row / n_head
+//   rows [T * n_head, T * (n_head + n_kv))    k heads: token t, kv head h; v head (t, h) too
+// Token t sits at position (== KV cell) step.pos0 + pos0 + t. The norm weights are one buffer,
+// q's head_dim values then k's. The rope convention and its precision are rope.wgsl's.
+//
+// Defines (chosen in src/ops/qk_rope.rs):
+//   WG_SIZE: invocations per workgroup, a power of two (the norm's tree reduction halves it).
+//   NORM: normalise each head first (sum of squares: a strided partial sum per thread, then a tree
+//     in workgroup memory). Threads read other threads' elements for the sum, so a barrier
+//     separates those reads from the in-place writes of q. Without NORM there is no barrier.
+
+#include "common_decls.tmpl"
+#include "rope_decls.tmpl"
+
+struct QkRopeParams {
+    n_tokens: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    head_dim: u32,
+    n_rot: u32,
+    rope_type: u32, // 0 NeoX, 1 NORM
+    pos0: u32,      // added to step.pos0
+    eps: f32,       // NORM
+    q_offset: u32,  // element index of q[0, 0, 0]
+    k_offset: u32,  // element index of k[0, 0, 0]
+    v_offset: u32,  // element index of v[0, 0, 0]
+    pad0: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: QkRopeParams;
+@group(0) @binding(1) var<storage, read_write> q: array<f32>;       // (T, n_head, head_dim) from q_offset
+@group(0) @binding(2) var<storage, read> freq: array<vec2<u32>>;    // (n_rot / 2): rope turns, fixed point
+@group(0) @binding(3) var<storage, read> k: array<f32>;             // (T, n_kv_head, head_dim) from k_offset
+@group(0) @binding(4) var<storage, read> v: array<f32>;             // (T, n_kv_head, head_dim) from v_offset
+@group(0) @binding(5) var<storage, read_write> k_cache: array<f32>; // (n_ctx, n_kv_head, head_dim)
+@group(0) @binding(6) var<storage, read_write> v_cache: array<f32>; // (n_ctx, n_kv_head, head_dim)
+@group(0) @binding(7) var<storage, read> step: StepState;           // this step's positions
+#ifdef NORM
+@group(0) @binding(8) var<storage, read> norm_w: array<f32>;        // (2, head_dim): q's weight, k's weight
+
+var<workgroup> red: array<f32, WG_SIZE>;
+#endif
+
+fn load(is_q: bool, i: u32) -> f32 {
+    if is_q {
+        return q[i];
+    }
+    return k[i];
+}
+
+@compute @workgroup_size(WG_SIZE)
+fn qk_rope(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let row = get_wid(wid, nwg);
+    let nq = p.n_tokens * p.n_head;
+    // Workgroups past the last row skip the work but not the barriers (uniform control flow).
+    let live = row < nq + p.n_tokens * p.n_kv_head;
+    let is_q = row < nq;
+    var t = 0u;
+    var h = 0u;
+    var base = 0u;
+    if is_q {
+        t = row / p.n_head;
+        base = p.q_offset + row * p.head_dim;
+    } else {
+        let r = row - nq;
+        t = r / p.n_kv_head;
+        h = r % p.n_kv_head;
+        base = p.k_offset + r * p.head_dim;
+    }
+#ifdef NORM
+    var ss = 0.0;
+    if live {
+        for (var i = lid; i < p.head_dim; i += WG_SIZE) {
+            let x = load(is_q, base + i);
+            ss += x * x;
+        }
+    }
+    red[lid] = ss;
+    workgroupBarrier();
+    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(red[0] / f32(p.head_dim) + p.eps);
+    let wb = select(p.head_dim, 0u, is_q);
+#endif
+    if !live {
+        return;
+    }
+    let pos = step.pos0 + p.pos0 + t;
+    let cell = (pos * p.n_kv_head + h) * p.head_dim;
+    let vb = p.v_offset + (row - nq) * p.head_dim;
+    for (var j = lid; j < p.head_dim / 2u; j += WG_SIZE) {
+        let e = rope_pair(j, p.n_rot, p.rope_type);
+        var a0 = load(is_q, base + e.x);
+        var a1 = load(is_q, base + e.y);
+#ifdef NORM
+        a0 = a0 * inv * norm_w[wb + e.x];
+        a1 = a1 * inv * norm_w[wb + e.y];
+#endif
+        if j < p.n_rot / 2u {
+            let cs = rope_cos_sin(pos, freq[j]);
+            let r = rotate_rope(a0, a1, cs.x, cs.y);
+            a0 = r.x;
+            a1 = r.y;
+        }
+        if is_q {
+            q[base + e.x] = a0;
+            q[base + e.y] = a1;
+        } else {
+            k_cache[cell + e.x] = a0;
+            k_cache[cell + e.y] = a1;
+            v_cache[cell + 2u * j] = v[vb + 2u * j];
+            v_cache[cell + 2u * j + 1u] = v[vb + 2u * j + 1u];
+        }
+    }
+}

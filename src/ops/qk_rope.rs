@@ -1,0 +1,216 @@
+//! `qk_rope`: the attention inputs of a step in one dispatch (see `shaders/qk_rope.wgsl`):
+//! optional per-head RMS norm of q and k (QK-norm), rope of both at the step's positions, q in
+//! place, k into the K cache and v copied into the V cache. Four dispatches of a layer (q-norm,
+//! k-norm, rope, rope + KV write) become one.
+//!
+//! The rope is [`RopeTable`]'s (exact angle reduction, `ops::rope`); the norm is `ops::rmsnorm`'s
+//! (f32 sum of squares, tree reduction). The CPU reference composes theirs.
+
+use std::mem::offset_of;
+
+use super::rope::RopeTable;
+use super::{Variant, WgslParams};
+use crate::error::{Error, Result};
+use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
+
+pub const SHADER: &str = "qk_rope.wgsl";
+pub const ENTRY: &str = "qk_rope";
+
+/// Uniform of `qk_rope.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct QkRopeParams {
+    pub n_tokens: u32,
+    pub n_head: u32,
+    pub n_kv_head: u32,
+    pub head_dim: u32,
+    pub n_rot: u32,
+    /// 0 NeoX, 1 NORM ([`crate::rope::RopeType`] as u32).
+    pub rope_type: u32,
+    /// Added to the step's `pos0`: token `t` sits at position (== cell) `step.pos0 + pos0 + t`.
+    pub pos0: u32,
+    pub eps: f32,
+    /// Element indices of `q[0, 0, 0]`, `k[0, 0, 0]` and `v[0, 0, 0]`.
+    pub q_offset: u32,
+    pub k_offset: u32,
+    pub v_offset: u32,
+    pub pad0: u32,
+}
+
+impl WgslParams for QkRopeParams {
+    const WGSL_NAME: &'static str = "QkRopeParams";
+    const SHADER: &'static str = SHADER;
+    const FIELDS: &'static [(&'static str, usize)] = &[
+        ("n_tokens", offset_of!(QkRopeParams, n_tokens)),
+        ("n_head", offset_of!(QkRopeParams, n_head)),
+        ("n_kv_head", offset_of!(QkRopeParams, n_kv_head)),
+        ("head_dim", offset_of!(QkRopeParams, head_dim)),
+        ("n_rot", offset_of!(QkRopeParams, n_rot)),
+        ("rope_type", offset_of!(QkRopeParams, rope_type)),
+        ("pos0", offset_of!(QkRopeParams, pos0)),
+        ("eps", offset_of!(QkRopeParams, eps)),
+        ("q_offset", offset_of!(QkRopeParams, q_offset)),
+        ("k_offset", offset_of!(QkRopeParams, k_offset)),
+        ("v_offset", offset_of!(QkRopeParams, v_offset)),
+        ("pad0", offset_of!(QkRopeParams, pad0)),
+    ];
+}
+
+pub fn key(norm: bool, workgroup_size: u32) -> PipelineKey {
+    let k = PipelineKey::new(SHADER, ENTRY).workgroup_size(workgroup_size);
+    if norm {
+        k.define("NORM", "")
+    } else {
+        k
+    }
+}
+
+pub fn variants() -> Vec<Variant> {
+    let mut v = Vec::new();
+    for norm in [false, true] {
+        for wg in [32u32, 64, 128] {
+            let k = key(norm, wg);
+            v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+        }
+    }
+    v
+}
+
+/// The workgroup size: a power of two covering a head's pairs (head_dim / 2) where the device
+/// allows, at least 32.
+pub fn workgroup_size(ctx: &GpuContext, head_dim: u32) -> u32 {
+    let want = (head_dim / 2).clamp(32, 128).next_power_of_two();
+    let wg = ctx.limits.workgroup_size(want);
+    1 << (31 - wg.leading_zeros())
+}
+
+fn u32_of(what: &str, v: u64) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::invalid(format!("qk_rope: {what} = {v} does not fit in u32")))
+}
+
+/// Where q, k and v are, and where k and v go.
+///
+/// - `q`: `(n_tokens, n_head, head_dim)` f32 from element `q_offset`, roped (and normed) in place
+/// - `k`, `v`: `(n_tokens, n_kv_head, head_dim)` f32 from their offsets (read only)
+/// - `k_cache`, `v_cache`: `(n_ctx, n_kv_head, head_dim)` f32 of one layer
+pub struct QkvBuffers<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub q_offset: u64,
+    pub k: &'a wgpu::Buffer,
+    pub k_offset: u64,
+    pub v: &'a wgpu::Buffer,
+    pub v_offset: u64,
+    pub k_cache: &'a wgpu::Buffer,
+    pub v_cache: &'a wgpu::Buffer,
+}
+
+/// Prepare the dispatch. `norm`: the QK-norm's weights as one buffer, `(2, head_dim)` f32 (q's,
+/// then k's), and its epsilon. Positions are `step.pos0 + pos0 + t` ([`crate::gpu::Step`]); the
+/// bounds check covers `pos0` alone, the caller keeps the step's cells within the cache.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare(
+    rec: &mut Recorder,
+    table: &RopeTable,
+    b: &QkvBuffers,
+    n_tokens: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    norm: Option<(&wgpu::Buffer, f32)>,
+    pos0: u32,
+    step: &wgpu::Buffer,
+) -> Result<()> {
+    let ctx = rec.ctx;
+    let c = &table.config;
+    let head_dim = c.head_dim as u64;
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    if b.q == b.k || b.q == b.v {
+        return Err(Error::invalid("qk_rope: q is written in place, so k and v must be other buffers"));
+    }
+    let cell_bytes = n_kv_head as u64 * head_dim * 4;
+    let end = (pos0 as u64 + n_tokens as u64) * cell_bytes;
+    if end > b.k_cache.size() || end > b.v_cache.size() {
+        return Err(Error::invalid(format!(
+            "qk_rope: cells {pos0}..{} do not fit a cache of {} cells",
+            pos0 as u64 + n_tokens as u64,
+            b.k_cache.size().min(b.v_cache.size()) / cell_bytes.max(1)
+        )));
+    }
+    if let Some((w, _)) = norm {
+        if w.size() < 2 * head_dim * 4 {
+            return Err(Error::invalid(format!("qk_rope: the norm weights hold {} bytes, {} needed", w.size(), 2 * head_dim * 4)));
+        }
+    }
+    let pipe = ctx.pipeline(&key(norm.is_some(), workgroup_size(ctx, c.head_dim as u32)))?;
+    let params = QkRopeParams {
+        n_tokens,
+        n_head,
+        n_kv_head,
+        head_dim: u32_of("head_dim", head_dim)?,
+        n_rot: u32_of("n_rot", c.n_rot as u64)?,
+        rope_type: c.rope_type as u32,
+        pos0,
+        eps: norm.map_or(0.0, |n| n.1),
+        q_offset: u32_of("q offset", b.q_offset)?,
+        k_offset: u32_of("k offset", b.k_offset)?,
+        v_offset: u32_of("v offset", b.v_offset)?,
+        pad0: 0,
+    };
+    let rows = n_tokens as u64 * (n_head as u64 + n_kv_head as u64);
+    let grid = grid_2d(rows, ctx.limits.max_compute_workgroups_per_dimension)?;
+    let label = pipe.key.label();
+    let ubuf = rec.uniform(&label, &params);
+    let mut entries = vec![
+        wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
+        wgpu::BindGroupEntry { binding: 1, resource: b.q.as_entire_binding() },
+        wgpu::BindGroupEntry { binding: 2, resource: table.buffer.as_entire_binding() },
+        wgpu::BindGroupEntry { binding: 3, resource: b.k.as_entire_binding() },
+        wgpu::BindGroupEntry { binding: 4, resource: b.v.as_entire_binding() },
+        wgpu::BindGroupEntry { binding: 5, resource: b.k_cache.as_entire_binding() },
+        wgpu::BindGroupEntry { binding: 6, resource: b.v_cache.as_entire_binding() },
+        wgpu::BindGroupEntry { binding: 7, resource: step.as_entire_binding() },
+    ];
+    if let Some((w, _)) = norm {
+        entries.push(wgpu::BindGroupEntry { binding: 8, resource: w.as_entire_binding() });
+    }
+    rec.push("qk_rope", &pipe, &entries, grid);
+    Ok(())
+}
+
+/// One-off [`prepare`] at positions `pos0 + t` (tests).
+#[allow(clippy::too_many_arguments)]
+pub fn encode(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    table: &RopeTable,
+    b: &QkvBuffers,
+    n_tokens: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    norm: Option<(&wgpu::Buffer, f32)>,
+    pos0: u32,
+) -> Result<()> {
+    let mut rec = Recorder::new(ctx);
+    prepare(&mut rec, table, b, n_tokens, n_head, n_kv_head, norm, pos0, ctx.zero_step())?;
+    rec.encode(encoder)
+}
+
+/// CPU reference: `(q out, k rows as cached)` for `q (T, n_head, head_dim)`, `k (T, n_kv_head,
+/// head_dim)`, norm weights `(2, head_dim)` when given; positions `pos0 + t`.
+pub fn reference(table: &RopeTable, q: &[f32], k: &[f32], n_head: usize, n_kv_head: usize, norm: Option<(&[f32], f32)>, pos0: u32) -> (Vec<f32>, Vec<f32>) {
+    let hd = table.config.head_dim;
+    let normed = |x: &[f32], w: Option<&[f32]>, eps: f32| -> Vec<f32> {
+        match w {
+            None => x.to_vec(),
+            Some(w) => super::rmsnorm::reference(x, None, Some(w), hd, eps).0.iter().map(|&v| v as f32).collect(),
+        }
+    };
+    let (wq, wk, eps) = match norm {
+        Some((w, eps)) => (Some(&w[..hd]), Some(&w[hd..2 * hd]), eps),
+        None => (None, None, 0.0),
+    };
+    let q = super::rope::reference(&table.config, &normed(q, wq, eps), n_head, pos0);
+    let k = super::rope::reference(&table.config, &normed(k, wk, eps), n_kv_head, pos0);
+    (q, k)
+}
