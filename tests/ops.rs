@@ -13,6 +13,7 @@ use cera_web::kv::{KvCache, KvCacheConfig};
 use cera_web::ops::elementwise::{self, View};
 use cera_web::ops::glu::{self, Activation};
 use cera_web::ops::rope::{self, RopeTable};
+use cera_web::ops::qk_rope::{self, QkvBuffers};
 use cera_web::ops::{embed, rmsnorm};
 use cera_web::quant::dequantize_to_vec;
 use cera_web::quant::gpu::{synthetic_rows, upload_tensor};
@@ -35,6 +36,8 @@ const TOLERANCE: &[(&str, f64)] = &[
     ("glu", 1e-6),
     // |gpu - ref| / (|a| + |b * scale|): one rounding (or a fused multiply-add).
     ("elementwise", 2e-7),
+    // |gpu - ref| / max |ref| of the head: the QK-norm's error and then the rope's.
+    ("qk_rope", 1e-6),
 ];
 
 fn tolerance(op: &str) -> f64 {
@@ -195,6 +198,7 @@ gpu_test!(rmsnorm_shapes_weights_in_place_and_fused_add, async {
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     assert!(rmsnorm::encode(&ctx, &mut enc, &b, 0, Some((&b, 0)), None, &b, 0, 1, 4, eps).is_err());
     tlog!("rmsnorm: worst error {worst:.2e} (tolerance {:.0e})", tolerance("rmsnorm"));
+});
 
 gpu_test!(rmsnorm_post_norm_residual_and_pre_norm_fused, async {
     // x += rmsnorm(add) * w_add * scale, then out = rmsnorm(x) * w: a block's post-norm, residual
@@ -240,7 +244,6 @@ gpu_test!(rmsnorm_post_norm_residual_and_pre_norm_fused, async {
         }
     }
     tlog!("rmsnorm residual: worst error {worst:.2e} (tolerance {:.0e})", tolerance("rmsnorm"));
-});
 });
 
 // ---------------------------------------------------------------------------------------------
@@ -342,6 +345,61 @@ gpu_test!(rope_small_heads_norm_and_neox, async {
         let got = read(&ctx, &xb, 0, x.len()).await;
         rope_errors(&c, &x, &got, &rope::reference(&c, &x, 3, 4095), &format!("{rt:?} 64/32"));
     }
+});
+
+gpu_test!(qk_rope_norms_ropes_and_writes_the_cache, async {
+    // QK-norm (or none) + rope of q in place and of k into the cache, v copied, in one dispatch,
+    // against the norm and rope references: the real model's 4 x 256 heads over 1 KV head
+    // (NeoX), GQA 6 over 2 heads of 64 NORM with partial rotary, one token and several.
+    let ctx = common::context().await;
+    let mut rng = Rng::new(23);
+    let eps = 1e-6f32;
+    let mut worst = 0.0f64;
+    let cases = [(4u32, 1u32, 256usize, 256usize, RopeType::Neox, 1u32, true), (6, 2, 64, 32, RopeType::Norm, 3, true), (6, 2, 64, 64, RopeType::Neox, 5, false), (1, 1, 2, 2, RopeType::Norm, 1, true)];
+    for (n_head, n_kv, hd, n_rot, rt, t, norm) in cases {
+        let what = format!("{n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm}");
+        let mut c = RopeConfig::new(hd, 10000.0, rt);
+        c.n_rot = n_rot;
+        let n_ctx = 20u32;
+        let cache = KvCache::new(
+            &ctx,
+            KvCacheConfig { n_ctx, n_kv_heads: n_kv, head_dim: hd as u32, layer_ropes: vec![c.clone()], shift_workgroup_size: None, max_scratch_cells: None },
+        )
+        .unwrap();
+        let table = RopeTable::new(&ctx, &c).unwrap();
+        let pos0 = 7u32;
+        let (qn, kn) = ((t * n_head) as usize * hd, (t * n_kv) as usize * hd);
+        // Mixed magnitudes, so the norm is not near 1.
+        let q: Vec<f32> = rng.vec(3 + qn).iter().map(|v| v * 5.0 + 0.3).collect();
+        let kv: Vec<f32> = rng.vec(1 + 2 * kn).iter().map(|v| v * 3.0).collect();
+        let w: Vec<f32> = rng.vec(2 * hd).iter().map(|v| 1.0 + v).collect();
+        let qb = ctx.storage_buffer("q", bytemuck::cast_slice(&q));
+        let kvb = ctx.storage_buffer("kv", bytemuck::cast_slice(&kv));
+        let wb = ctx.storage_buffer("qk norm", bytemuck::cast_slice(&w));
+        let b = QkvBuffers { q: &qb, q_offset: 3, k: &kvb, k_offset: 1, v: &kvb, v_offset: 1 + kn as u64, k_cache: cache.k(0), v_cache: cache.v(0) };
+        let norm_arg = if norm { Some((&wb, eps)) } else { None };
+        submit(&ctx, |enc| qk_rope::encode(&ctx, enc, &table, &b, t, n_head, n_kv, norm_arg, pos0).unwrap());
+        let (want_q, want_k) = qk_rope::reference(&table, &q[3..], &kv[1..1 + kn], n_head as usize, n_kv as usize, if norm { Some((&w, eps)) } else { None }, pos0);
+        let got_q = read(&ctx, &qb, 3, qn).await;
+        let row = n_kv as usize * hd;
+        let kc = read(&ctx, cache.k(0), 0, n_ctx as usize * row).await;
+        let vc = read(&ctx, cache.v(0), 0, n_ctx as usize * row).await;
+        let cells = pos0 as usize * row..(pos0 + t) as usize * row;
+        let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        let (wq, wk) = (to64(&want_q), to64(&want_k));
+        let (dq, dk) = (row_max(&wq, hd), row_max(&wk, hd));
+        worst = worst.max(check("qk_rope", &format!("{what}: q"), &got_q, &wq, |i| dq[i]));
+        worst = worst.max(check("qk_rope", &format!("{what}: k cells"), &kc[cells.clone()], &wk, |i| dk[i]));
+        assert_eq!(&vc[cells.clone()], &kv[1 + kn..1 + 2 * kn], "{what}: V cells");
+        assert!(kc[..cells.start].iter().chain(&kc[cells.end..]).all(|&v| v == 0.0), "{what}: K written outside its cells");
+        assert!(vc[..cells.start].iter().chain(&vc[cells.end..]).all(|&v| v == 0.0), "{what}: V written outside its cells");
+        // Past the cache's end, and q sharing k's buffer, are refused.
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        assert!(qk_rope::encode(&ctx, &mut enc, &table, &b, t, n_head, n_kv, norm_arg, n_ctx).is_err());
+        let shared = QkvBuffers { q: &kvb, ..b };
+        assert!(qk_rope::encode(&ctx, &mut enc, &table, &shared, t, n_head, n_kv, norm_arg, 0).is_err());
+    }
+    tlog!("qk_rope: worst error {worst:.2e} (tolerance {:.0e})", tolerance("qk_rope"));
 });
 
 gpu_test!(rope_kv_write_lands_in_cells_pos0_on, async {
