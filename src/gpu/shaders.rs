@@ -10,6 +10,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("argmax.wgsl", include_str!("../../shaders/argmax.wgsl")),
     ("kv_shift.wgsl", include_str!("../../shaders/kv_shift.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
+    ("gemm.wgsl", include_str!("../../shaders/gemm.wgsl")),
     ("penalty.wgsl", include_str!("../../shaders/penalty.wgsl")),
     ("topk.wgsl", include_str!("../../shaders/topk.wgsl")),
     ("embed.wgsl", include_str!("../../shaders/embed.wgsl")),

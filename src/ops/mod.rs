@@ -5,6 +5,7 @@ pub mod argmax;
 pub mod attention;
 pub mod elementwise;
 pub mod embed;
+pub mod gemm;
 pub mod glu;
 pub mod kv_shift;
 pub mod matmul;
@@ -36,6 +37,7 @@ pub fn all_variants() -> Vec<Variant> {
     let mut v = Vec::new();
     v.extend(kv_shift::variants());
     v.extend(matmul::variants());
+    v.extend(gemm::variants());
     v.extend(argmax::variants());
     v.extend(topk::variants());
     v.extend(penalty::variants());
@@ -63,5 +65,6 @@ pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usiz
         entry::<elementwise::ElementwiseParams>(),
     ]);
     v.push(entry::<attention::AttentionParams>());
+    v.push(entry::<gemm::GemmParams>());
     v
 }
