@@ -19,6 +19,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("glu.wgsl", include_str!("../../shaders/glu.wgsl")),
     ("elementwise.wgsl", include_str!("../../shaders/elementwise.wgsl")),
     ("attention.wgsl", include_str!("../../shaders/attention.wgsl")),
+    ("bench_copy.wgsl", include_str!("../../shaders/bench_copy.wgsl")),
 ];
 
 /// The source of a shader or template by file name.

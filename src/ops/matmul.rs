@@ -156,6 +156,40 @@ impl MatmulConfig {
     pub fn rows_per_workgroup(&self) -> u32 {
         self.workgroup_size / self.threads_per_row
     }
+
+    /// The GEMV shape for a weight of `ty` with `cols` values per row on this device.
+    pub fn gemv_for(ctx: &GpuContext, _ty: GgmlType, _cols: u64) -> Self {
+        Self::gemv(ctx)
+    }
+}
+
+/// `wg256 tpr8 nt1`: what the bench prints and `--configs` parses.
+impl std::fmt::Display for MatmulConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "wg{} tpr{} nt{}", self.workgroup_size, self.threads_per_row, self.tokens_per_thread)
+    }
+}
+
+impl std::str::FromStr for MatmulConfig {
+    type Err = Error;
+
+    /// Parse what `Display` writes (fields separated by spaces or commas, any order).
+    fn from_str(s: &str) -> Result<Self> {
+        let mut cfg = MatmulConfig::simple(1);
+        for part in s.split([' ', ',']).filter(|p| !p.is_empty()) {
+            let num = |prefix: &str| part.strip_prefix(prefix).and_then(|v| v.parse::<u32>().ok());
+            if let Some(v) = num("wg") {
+                cfg.workgroup_size = v;
+            } else if let Some(v) = num("tpr") {
+                cfg.threads_per_row = v;
+            } else if let Some(v) = num("nt") {
+                cfg.tokens_per_thread = v;
+            } else {
+                return Err(Error::invalid(format!("matmul config {s:?}: unknown field {part:?} (want e.g. \"wg256 tpr8 nt1\")")));
+            }
+        }
+        Ok(cfg)
+    }
 }
 
 /// Whether the adapter is a CPU (lavapipe, SwiftShader through Vulkan). In the browser wgpu's
@@ -309,50 +343,4 @@ pub fn matmul(
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
     }
     Ok(())
-}
-
-/// Milliseconds from an arbitrary origin, on both targets.
-fn now_ms() -> f64 {
-    #[cfg(target_arch = "wasm32")]
-    {
-        js_sys::Date::now()
-    }
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        use std::sync::OnceLock;
-        static T0: OnceLock<std::time::Instant> = OnceLock::new();
-        T0.get_or_init(std::time::Instant::now).elapsed().as_secs_f64() * 1e3
-    }
-}
-
-/// GEMV throughput on synthetic weights of `ty` (`rows x cols`), in GB/s of weight bytes (GPU
-/// layout) streamed: `iters` GEMVs in one command buffer after one warm-up, timed to the end of a
-/// 4-byte readback.
-pub async fn bench_gemv(ctx: &GpuContext, ty: GgmlType, rows: u64, cols: u64, iters: u32) -> Result<f64> {
-    bench_gemv_with(ctx, MatmulConfig::gemv(ctx), ty, rows, cols, iters).await
-}
-
-/// [`bench_gemv`] with an explicit kernel shape.
-pub async fn bench_gemv_with(ctx: &GpuContext, cfg: MatmulConfig, ty: GgmlType, rows: u64, cols: u64, iters: u32) -> Result<f64> {
-    let bytes = crate::quant::gpu::synthetic_rows(ty, cols, rows, 1);
-    let w = crate::quant::gpu::upload_tensor(ctx, "bench weight", ty, cols, rows, &bytes, ctx.limits.max_binding())?;
-    drop(bytes);
-    let xs: Vec<f32> = (0..cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
-    let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&xs));
-    let y = ctx.empty_storage("bench y", rows * 4)?;
-    let run = |n: u32| -> Result<()> {
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("bench gemv") });
-        for _ in 0..n {
-            matmul(ctx, &mut enc, cfg, &w, &x, 0, &y, 0, 1)?;
-        }
-        ctx.submit([enc.finish()]);
-        Ok(())
-    };
-    run(1)?;
-    crate::gpu::read_buffer(ctx, &y, 0, 4).await?;
-    let t0 = now_ms();
-    run(iters.max(1))?;
-    crate::gpu::read_buffer(ctx, &y, 0, 4).await?;
-    let secs = (now_ms() - t0) / 1e3;
-    Ok(w.gpu_bytes() as f64 * iters.max(1) as f64 / secs / 1e9)
 }

@@ -9,6 +9,7 @@ pub mod gemm;
 pub mod glu;
 pub mod kv_shift;
 pub mod matmul;
+pub mod matmul_bench;
 pub mod penalty;
 pub mod rmsnorm;
 pub mod rope;
@@ -38,6 +39,7 @@ pub fn all_variants() -> Vec<Variant> {
     v.extend(kv_shift::variants());
     v.extend(matmul::variants());
     v.extend(gemm::variants());
+    v.extend(matmul_bench::variants());
     v.extend(argmax::variants());
     v.extend(topk::variants());
     v.extend(penalty::variants());
@@ -66,5 +68,6 @@ pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usiz
     ]);
     v.push(entry::<attention::AttentionParams>());
     v.push(entry::<gemm::GemmParams>());
+    v.push(entry::<matmul_bench::BenchCopyParams>());
     v
 }
