@@ -1,6 +1,7 @@
 // The benchmark scripts without a GPU: bench:dawn's arguments and its "no adapter" exit, the
-// table of scripts/bench-nvidia from stand-in benches (fake `cera` and `llama-bench` that print
-// the JSON the real ones print). Each test takes well under a second.
+// package loading a model in node on Dawn (SwiftShader), and the table of scripts/bench-nvidia
+// from stand-in benches (fake `cera` and `llama-bench` that print the JSON the real ones print).
+// About 5 s in all, most of it the model load.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -51,6 +52,46 @@ test('bench:dawn exits 3 when Dawn finds no adapter (here: lavapipe, which Dawn 
   assert.equal(r.status, 3, r.stderr);
   assert.match(r.stderr, /Dawn found no WebGPU adapter/);
   assert.equal(r.stdout, '', 'no report on stdout');
+});
+
+// The package in node on Dawn, set up as bench:dawn does it (and as the README shows), loading the
+// real model as a stream from disk. SwiftShader is Dawn's adapter here (it rejects lavapipe); a
+// token costs ~20 s there, so this loads and tokenizes only (~3 s).
+test('node + Dawn (SwiftShader): the package loads the model as a ReadableStream', (t) => {
+  const icd = '/usr/lib/chromium/vk_swiftshader_icd.json';
+  const model = process.env.CERA_TEST_MODEL || `${root}/models/gemma-3-270m-q4_k_m.gguf`;
+  for (const [path, why] of [[icd, "Chromium's SwiftShader"], [`${root}/pkg/cera_web_bg.wasm`, 'the package build'], [model, 'the test model']]) {
+    if (!existsSync(path)) return t.skip(`needs ${why} (${path})`);
+  }
+  const script = `
+    import { createReadStream } from 'node:fs';
+    import { readFile } from 'node:fs/promises';
+    import { Readable } from 'node:stream';
+    import { setupDawn } from '${root}/scripts/bench-dawn.mjs';
+    import { init, Engine } from '${root}/js/index.js';
+    await setupDawn();
+    const wasm = await init(await readFile('${root}/pkg/cera_web_bg.wasm'));
+    const engine = await Engine.load(Readable.toWeb(createReadStream(process.argv[1], { highWaterMark: 1 << 20 })));
+    const info = engine.info();
+    const ids = engine.tokenize('The capital of France is');
+    engine.dispose();
+    console.log(JSON.stringify({ ids, origin: info.load.origin, bytes: info.load.bytes, backend: info.adapter.backend, heap: wasm.memory.buffer.byteLength }));
+    process.exit(0);`;
+  const t0 = Date.now();
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', script, model], {
+    cwd: root,
+    encoding: 'utf8',
+    env: { ...process.env, VK_DRIVER_FILES: icd, VK_ICD_FILENAMES: '' },
+    timeout: 120_000,
+  });
+  assert.equal(r.status, 0, r.stderr);
+  const out = JSON.parse(r.stdout.trim().split('\n').pop());
+  console.log(`[bench-scripts] node + Dawn load: ${Date.now() - t0} ms, wasm heap ${(out.heap / 2 ** 20).toFixed(1)} MiB`);
+  assert.deepEqual(out.ids, [2, 818, 5279, 529, 7001, 563], "llama.cpp's tokens for the prompt");
+  assert.equal(out.origin, 'stream');
+  assert.equal(out.bytes, 253113024);
+  assert.equal(out.backend, 'BrowserWebGpu');
+  assert.ok(out.heap < 64 * 2 ** 20, `the 253 MB model streams through the wasm heap (${out.heap} bytes)`);
 });
 
 const native = (p, g, prefill, decode) => ({
