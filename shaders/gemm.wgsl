@@ -63,7 +63,9 @@ var<workgroup> ws: array<vec4<f32>, BK * BM4>; // (BK, BM) the W tile, k-major
 var<workgroup> xs: array<vec4<f32>, BK * BN4>; // (BK, BN) the X tile, k-major
 
 // (TM / 4, TN): acc[i * TN + j] holds rows of slot tx + i * TX for token j of this thread
-// (token slot ty + (j / 4) * TY, lane j % 4).
+// (token slot ty + (j / 4) * TY, lane j % 4). Every index into it is a constant (no loop
+// variable): a dynamically indexed private array can be placed in local memory instead of
+// registers, which capped every tile at the same ~2 TFLOP/s on an H200.
 var<private> acc: array<vec4<f32>, TM / 4u * TN>;
 
 // ---------------------------------------------------------------------------------------------
@@ -331,10 +333,14 @@ fn load_tiles(lid: u32, r0: u32, t0: u32, k0: u32) {
         }
         let s = kk * BM4 + m / 4u;
         let lane = m % 4u;
-        for (var j = 0u; j < 4u; j++) {
-            ws[s + j * BM4][lane] = v.lo[j];
-            ws[s + (j + 4u) * BM4][lane] = v.hi[j];
-        }
+        ws[s][lane] = v.lo.x;
+        ws[s + BM4][lane] = v.lo.y;
+        ws[s + 2u * BM4][lane] = v.lo.z;
+        ws[s + 3u * BM4][lane] = v.lo.w;
+        ws[s + 4u * BM4][lane] = v.hi.x;
+        ws[s + 5u * BM4][lane] = v.hi.y;
+        ws[s + 6u * BM4][lane] = v.hi.z;
+        ws[s + 7u * BM4][lane] = v.hi.w;
     }
     for (var i = lid; i < BN * BK / 4u; i += WG_SIZE) {
         let n = i % BN;
@@ -346,18 +352,25 @@ fn load_tiles(lid: u32, r0: u32, t0: u32, k0: u32) {
             if c + 4u <= p.cols {
                 v = vec4<f32>(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]);
             } else {
-                for (var j = 0u; j < 4u; j++) {
-                    if c + j < p.cols {
-                        v[j] = x[xb + j];
-                    }
+                // A float row's tail: the X values past `cols` belong to the next token.
+                let n_in = p.cols - min(c, p.cols);
+                if n_in > 0u {
+                    v.x = x[xb];
+                }
+                if n_in > 1u {
+                    v.y = x[xb + 1u];
+                }
+                if n_in > 2u {
+                    v.z = x[xb + 2u];
                 }
             }
         }
         let s = kk * BN4 + n / 4u;
         let lane = n % 4u;
-        for (var j = 0u; j < 4u; j++) {
-            xs[s + j * BN4][lane] = v[j];
-        }
+        xs[s][lane] = v.x;
+        xs[s + BN4][lane] = v.y;
+        xs[s + 2u * BN4][lane] = v.z;
+        xs[s + 3u * BN4][lane] = v.w;
     }
 }
 
@@ -369,18 +382,30 @@ fn outer4(base: u32, a: vec4<f32>, b: vec4<f32>) {
     acc[base + 3u] = fma(a, vec4<f32>(b.w), acc[base + 3u]);
 }
 
-// Store the rows of slot `slot` for token j of this thread (row and token bounds checked).
-fn store(r0: u32, t0: u32, slot: u32, ty: u32, i: u32, j: u32) {
-    let t = t0 + 4u * (ty + (j / 4u) * TY) + j % 4u;
-    let r = r0 + 4u * slot;
-    if t >= p.n_tokens || r >= p.rows {
+// Store Y[t, r .. r + 3] for the 4 tokens t of token slot `tslot` and the 4 rows r of row slot
+// `rslot` (row and token bounds checked); v0 .. v3 are the tokens' rows.
+fn store4(r0: u32, t0: u32, rslot: u32, tslot: u32, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>) {
+    let r = r0 + 4u * rslot;
+    let t = t0 + 4u * tslot;
+    if r >= p.rows || t >= p.n_tokens {
         return;
     }
-    let v = acc[i * TN + j];
+    let n_rows = min(4u, p.rows - r);
+    let n_tokens = min(4u, p.n_tokens - t);
     let yb = p.y_offset + t * p.y_stride + r;
-    let n = min(4u, p.rows - r);
-    for (var q = 0u; q < n; q++) {
-        y[yb + q] = v[q];
+    var v = array<vec4<f32>, 4>(v0, v1, v2, v3);
+    for (var j = 0u; j < n_tokens; j++) {
+        let row = yb + j * p.y_stride;
+        if n_rows == 4u {
+            y[row] = v[j].x;
+            y[row + 1u] = v[j].y;
+            y[row + 2u] = v[j].z;
+            y[row + 3u] = v[j].w;
+        } else {
+            for (var q = 0u; q < n_rows; q++) {
+                y[row + q] = v[j][q];
+            }
+        }
     }
 }
 
@@ -400,9 +425,7 @@ fn gemm(
     }
     let tx = lid % TX;
     let ty = lid / TX;
-    for (var i = 0u; i < TM / 4u * TN; i++) {
-        acc[i] = vec4<f32>(0.0);
-    }
+    acc = array<vec4<f32>, TM / 4u * TN>();
     for (var k0 = 0u; k0 < p.cols; k0 += BK) {
         load_tiles(lid, r0, t0, k0);
         workgroupBarrier();
@@ -424,9 +447,14 @@ fn gemm(
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < TM / 4u; i++) {
-        for (var j = 0u; j < TN; j++) {
-            store(r0, t0, tx + i * TX, ty, i, j);
-        }
-    }
+    store4(r0, t0, tx, ty, acc[0], acc[1], acc[2], acc[3]);
+#ifdef TN8
+    store4(r0, t0, tx, ty + TY, acc[4], acc[5], acc[6], acc[7]);
+#endif
+#ifdef TM8
+    store4(r0, t0, tx + TX, ty, acc[TN], acc[TN + 1u], acc[TN + 2u], acc[TN + 3u]);
+#ifdef TN8
+    store4(r0, t0, tx + TX, ty + TY, acc[12], acc[13], acc[14], acc[15]);
+#endif
+#endif
 }

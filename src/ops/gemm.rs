@@ -148,6 +148,26 @@ impl GemmConfig {
     }
 }
 
+/// `BMxBNxBK:TMxTN`, e.g. `128x64x32:8x4` (how the bench prints and parses tiles).
+impl std::fmt::Display for GemmConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}x{}:{}x{}", self.bm, self.bn, self.bk, self.tm, self.tn)
+    }
+}
+
+impl std::str::FromStr for GemmConfig {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || Error::invalid(format!("tile {s:?}: want BMxBNxBK:TMxTN, e.g. 128x64x32:8x4"));
+        let (tile, thread) = s.trim().split_once(':').ok_or_else(bad)?;
+        let nums = |t: &str| t.split('x').map(|n| n.parse::<u32>().map_err(|_| bad())).collect::<Result<Vec<u32>>>();
+        match (nums(tile)?.as_slice(), nums(thread)?.as_slice()) {
+            (&[bm, bn, bk], &[tm, tn]) => Ok(GemmConfig::new(bm, bn, bk, tm, tn)),
+            _ => Err(bad()),
+        }
+    }
+}
+
 /// Whether the tiled kernel is the faster choice for a batch of `n_tokens`.
 ///
 /// One token is a GEMV (matmul's cooperative kernel). On a real GPU the tile pays off from a
@@ -436,5 +456,16 @@ mod tests {
         assert!(k.defines.iter().any(|(d, _)| d == "TM8"));
         assert!(!k.defines.iter().any(|(d, _)| d == "TN8"));
         assert!(key(GgmlType::Q2K, GemmConfig::LARGE).is_err());
+    }
+
+    #[test]
+    fn tile_text_round_trips() {
+        for c in [GemmConfig::LARGE, GemmConfig::MEDIUM, GemmConfig::new(16, 8, 8, 4, 4)] {
+            assert_eq!(c.to_string().parse::<GemmConfig>().unwrap(), c);
+        }
+        assert_eq!("128x64x32:8x4".parse::<GemmConfig>().unwrap(), GemmConfig::LARGE);
+        for bad in ["128x64:8x4", "128x64x32", "axbxc:dxe", "1x2x3:4x5x6"] {
+            assert!(bad.parse::<GemmConfig>().is_err(), "{bad} parsed");
+        }
     }
 }
