@@ -8,9 +8,23 @@
 //   TYPE_Q4_K | TYPE_Q5_K | TYPE_Q6_K: the weight type, in the GPU layout of src/quant/gpu.rs.
 //   WG_SIZE: invocations per workgroup. TPR: threads per row (a power of two dividing WG_SIZE),
 //   so a workgroup covers WG_SIZE / TPR rows. NT: tokens per invocation.
-//   COOP (with TPR > 1): the TPR threads of a row split its units and add their partial sums in
-//   workgroup memory (log2 TPR barriers). Without COOP (TPR = 1) a thread walks a whole row and
-//   there is no barrier: the variant for CPU-emulated adapters, where barriers are costly.
+//   COOP (with TPR > 1): the TPR threads of a row (its team) split its units and add their
+//   partial sums in workgroup memory (log2 TPR barriers). Without COOP (TPR = 1) a thread walks a
+//   whole row and there is no barrier: the variant for CPU-emulated adapters, where barriers are
+//   costly.
+//   WORDS (with COOP): the team takes the row's items (quant_decls.tmpl: one quant word, or a
+//   unit for float types and Q6_K) interleaved: lane l decodes items l, l + TPR, ... So each load
+//   instruction of a warp reads consecutive words of W and, through the sinks, consecutive
+//   elements of X (coalesced). Without WORDS lane l takes whole units (16 to 64 values), and a
+//   warp's loads are strided by a unit: on an H200 that read X through the L1 cache ~16 times
+//   more often than the bytes needed, and W at a third of copy bandwidth.
+//   XVEC4: X is bound as vec4 (16-byte loads); the host sets it only when X[t, 0] is a multiple
+//   of 4 elements for every token (x_offset and cols multiples of 4).
+//   SUBGROUP (with COOP): the team's partial sums are added with subgroupShuffleXor, no
+//   workgroup memory and no barrier. Lanes and rows then come from the subgroup builtins, so a
+//   team is TPR consecutive invocations of one subgroup whatever the hardware's mapping; the host
+//   sets it only when TPR <= the adapter's smallest subgroup and WG_SIZE is a multiple of its
+//   largest (every subgroup is full and holds whole teams).
 //
 // A row is a sequence of "units" (4 to 64 values decoded together; the host passes their count).
 // The workgroup index is linear in a 2-D grid: g = row_group + row_groups * token_tile.
@@ -36,7 +50,11 @@ struct MatmulParams {
 
 @group(0) @binding(0) var<uniform> p: MatmulParams;
 @group(0) @binding(1) var<storage, read> w: array<u32>;       // (rows, row_words): this part, GPU layout
+#ifdef XVEC4
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>; // (n_tokens, x_stride / 4) from x_offset / 4
+#else
 @group(0) @binding(2) var<storage, read> x: array<f32>;       // (n_tokens, x_stride) from x_offset
+#endif
 @group(0) @binding(3) var<storage, read_write> y: array<f32>; // (n_tokens, y_stride) from y_offset
 
 const RPW: u32 = WG_SIZE / TPR; // rows per workgroup
@@ -45,17 +63,29 @@ var<private> acc: array<f32, NT>; // partial sums of this thread's row, one per 
 var<private> xbase: u32;           // X[t0, 0]
 var<private> nt: u32;              // tokens this thread handles (<= NT)
 
+// X[t, col .. col + 4] at element index i = xbase + t * x_stride + col.
+fn xv(i: u32) -> vec4<f32> {
+#ifdef XVEC4
+    return x[i >> 2u];
+#else
+    return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+#endif
+}
+
 // acc[t] += dot(wv, X[t, col .. col + 4]) for each token of the tile.
 fn acc4(wv: vec4<f32>, col: u32) {
     for (var t = 0u; t < nt; t++) {
-        let i = xbase + t * p.x_stride + col;
-        acc[t] += dot(wv, vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]));
+        acc[t] += dot(wv, xv(xbase + t * p.x_stride + col));
     }
 }
 
 // acc4 for the last, partial unit of a float row: values at and past `cols` count as zero
-// (their weights belong to padding or the next row, their x to the next token).
+// (their weights belong to padding or the next row, their x to the next token). Under XVEC4
+// `cols` is a multiple of 4: no unit is partial.
 fn acc4_tail(wv: vec4<f32>, col: u32) {
+#ifdef XVEC4
+    acc4(wv, col);
+#else
     let n = p.cols - col;
     if n >= 4u {
         acc4(wv, col);
@@ -68,12 +98,18 @@ fn acc4_tail(wv: vec4<f32>, col: u32) {
         let xv = select(vec4<f32>(0.0), vec4<f32>(x[i], x[i + 1u], x[i + 2u], 0.0), m);
         acc[t] += dot(wm, xv);
     }
+#endif
 }
 
+#ifdef WORDS
+#define QUANT_ITEMS
+#endif
 #include "quant_decls.tmpl"
 
 #ifdef COOP
+#ifndef SUBGROUP
 var<workgroup> red: array<f32, WG_SIZE * NT>; // (WG_SIZE, NT) partial sums
+#endif
 #endif
 
 @compute @workgroup_size(WG_SIZE)
@@ -81,13 +117,24 @@ fn matmul(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
+#ifdef SUBGROUP
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+    @builtin(subgroup_id) sg_id: u32,
+#endif
 ) {
     let g = get_wid(wid, nwg);
     let t0 = (g / p.row_groups) * NT;
+#ifdef SUBGROUP
+    let lane = sg_lane % TPR;
+    let slot = sg_id * (sg_size / TPR) + sg_lane / TPR; // this team's row within the workgroup
+#else
     let lane = lid % TPR;
-    let r = (g % p.row_groups) * RPW + lid / TPR;
+    let slot = lid / TPR;
+#endif
+    let r = (g % p.row_groups) * RPW + slot;
     // Workgroups past the grid's end have t0 >= n_tokens; rows past the part's end idle too
-    // (but still take part in the barriers).
+    // (but still take part in the reduction).
     let live = r < p.rows && t0 < p.n_tokens;
     nt = 0u;
     if live {
@@ -99,11 +146,34 @@ fn matmul(
     }
     if live {
         let rb = r * p.row_words;
+#ifdef WORDS
+        // Four items per lane per step, their loads independent: enough bytes in flight.
+        let n = items();
+        var j = lane;
+        for (; j + 3u * TPR < n; j += 4u * TPR) {
+            item(rb, j);
+            item(rb, j + TPR);
+            item(rb, j + 2u * TPR);
+            item(rb, j + 3u * TPR);
+        }
+        for (; j < n; j += TPR) {
+            item(rb, j);
+        }
+#else
         for (var u = lane; u < p.units; u += TPR) {
             unit(rb, u);
         }
+#endif
     }
 #ifdef COOP
+#ifdef SUBGROUP
+    // Butterfly within the team: after log2 TPR steps every lane holds the team's sum.
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        for (var t = 0u; t < NT; t++) {
+            acc[t] += subgroupShuffleXor(acc[t], s);
+        }
+    }
+#else
     for (var t = 0u; t < NT; t++) {
         red[lid * NT + t] = acc[t];
     }
@@ -119,6 +189,7 @@ fn matmul(
     for (var t = 0u; t < NT; t++) {
         acc[t] = red[lid * NT + t];
     }
+#endif
 #endif
     if live && lane == 0u {
         for (var t = 0u; t < nt; t++) {

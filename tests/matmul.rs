@@ -1,7 +1,8 @@
 //! GEMV and GEMM on the GPU against the CPU reference (`quant::dequantize`, then f64 dot
 //! products), for every GPU quant type, every kernel shape and awkward sizes: one row, row
 //! counts that no workgroup divides, the smallest K (one block) and a large one, 1, 3 and 17
-//! tokens, and a tensor split into 3 parts. Runs natively and in headless Chrome.
+//! tokens, X at an odd and at a 4-aligned offset (the vec4 X path), and a tensor split into 3
+//! parts. Runs natively and in headless Chrome.
 
 mod common;
 
@@ -37,36 +38,42 @@ fn tolerance(ty: GgmlType) -> f64 {
     TOLERANCE.iter().find(|(t, _)| *t == ty).map(|(_, v)| *v).expect("every type has a tolerance")
 }
 
-/// Every kernel shape tested on every adapter: thread-per-row (the CPU-adapter decision) and
-/// cooperative (the GPU decision), GEMV and GEMM, plus a small odd one (3 tokens per thread).
-const SHAPES: [MatmulConfig; 5] = [
+/// Every kernel shape tested on every adapter: thread-per-row (the CPU-adapter decision),
+/// cooperative units, and row teams (the GPU decision: interleaved items, subgroup shuffles
+/// where the adapter has them and the team fits a subgroup, workgroup memory otherwise), GEMV
+/// and GEMM, plus small odd ones (3 tokens per thread, 4 rows per workgroup).
+const SHAPES: [MatmulConfig; 10] = [
     MatmulConfig::simple(1),
     MatmulConfig::simple(8),
     MatmulConfig::cooperative(256, 8, 1),
     MatmulConfig::cooperative(256, 8, 8),
     MatmulConfig::cooperative(64, 4, 3),
+    MatmulConfig::team(256, 8, 1),
+    MatmulConfig::team(256, 32, 1),
+    MatmulConfig::team(64, 16, 3),
+    MatmulConfig::team(256, 16, 8),
+    MatmulConfig { subgroup: false, ..MatmulConfig::team(64, 4, 1) },
 ];
 
-/// Elements before X and between Y regions, so offsets are exercised.
-const X_OFF: u64 = 5;
+/// Elements between Y regions, so offsets are exercised.
 const Y_GAP: u64 = 3;
 
 /// Run every shape (and the public `gemv`/`gemm` entry points) on `w` and return, per run,
 /// `Y` as `(n_tokens, rows)`.
-async fn run_all(ctx: &GpuContext, w: &GpuTensor, xs: &[f32], n_tokens: u32) -> Vec<Vec<f32>> {
+async fn run_all(ctx: &GpuContext, w: &GpuTensor, xs: &[f32], x_off: u64, n_tokens: u32) -> Vec<Vec<f32>> {
     let x = ctx.storage_buffer("x", bytemuck::cast_slice(xs));
     let region = n_tokens as u64 * w.rows + Y_GAP;
     let runs = SHAPES.len() as u64 + 1;
     let y = ctx.empty_storage("y", region * runs * 4).unwrap();
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     for (i, cfg) in SHAPES.iter().enumerate() {
-        matmul::matmul(ctx, &mut enc, *cfg, w, &x, X_OFF, &y, Y_GAP + i as u64 * region, n_tokens).unwrap();
+        matmul::matmul(ctx, &mut enc, *cfg, w, &x, x_off, &y, Y_GAP + i as u64 * region, n_tokens).unwrap();
     }
     let last = Y_GAP + SHAPES.len() as u64 * region;
     if n_tokens == 1 {
-        matmul::gemv(ctx, &mut enc, w, &x, X_OFF, &y, last).unwrap();
+        matmul::gemv(ctx, &mut enc, w, &x, x_off, &y, last).unwrap();
     } else {
-        matmul::gemm(ctx, &mut enc, w, &x, X_OFF, &y, last, n_tokens).unwrap();
+        matmul::gemm(ctx, &mut enc, w, &x, x_off, &y, last, n_tokens).unwrap();
     }
     ctx.queue.submit([enc.finish()]);
     let all = read_f32(ctx, &y, 0, (region * runs) as usize).await.unwrap();
@@ -79,11 +86,12 @@ async fn run_all(ctx: &GpuContext, w: &GpuTensor, xs: &[f32], n_tokens: u32) -> 
 }
 
 /// Compare every run with the f64 reference; returns the worst relative error seen.
-fn check(ty: GgmlType, what: &str, wf: &[f32], xs: &[f32], rows: u64, cols: u64, n_tokens: u32, got: &[Vec<f32>]) -> f64 {
+#[allow(clippy::too_many_arguments)]
+fn check(ty: GgmlType, what: &str, wf: &[f32], xs: &[f32], x_off: u64, rows: u64, cols: u64, n_tokens: u32, got: &[Vec<f32>]) -> f64 {
     let (rows, cols) = (rows as usize, cols as usize);
     let mut worst = 0.0f64;
     for t in 0..n_tokens as usize {
-        let xt = &xs[X_OFF as usize + t * cols..X_OFF as usize + (t + 1) * cols];
+        let xt = &xs[x_off as usize + t * cols..x_off as usize + (t + 1) * cols];
         for r in 0..rows {
             let wr = &wf[r * cols..(r + 1) * cols];
             let want: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
@@ -108,24 +116,29 @@ async fn check_type(ty: GgmlType) {
     let ctx = common::context().await;
     let be = ty.block_elems();
     let float = be == 1;
-    // (rows, cols): one row of one block; a large K with rows no workgroup divides; more rows.
-    let cases: [(u64, u64); 3] = if float { [(1, 1), (37, 4099), (67, 13)] } else { [(1, be), (37, 4096), (67, 3 * be)] };
+    // (rows, cols, X offset): one row of one block; a large K with rows no workgroup divides;
+    // more rows. Odd offsets read X as scalars, 4-aligned ones (with cols a multiple of 4) as vec4.
+    let cases: [(u64, u64, u64); 4] = if float {
+        [(1, 1, 5), (37, 4099, 5), (67, 13, 5), (131, 12, 4)]
+    } else {
+        [(1, be, 5), (37, 4096, 4), (67, 3 * be, 5), (131, be, 4)]
+    };
     let mut rng = Rng::new(ty.id() as u64 + 1);
     let mut worst = 0.0f64;
-    for (ci, &(rows, cols)) in cases.iter().enumerate() {
+    for (ci, &(rows, cols, x_off)) in cases.iter().enumerate() {
         let bytes = synthetic_rows(ty, cols, rows, 100 + ci as u64);
         let wf = dequantize_to_vec(ty, &bytes).unwrap();
         let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
         for n_tokens in [1u32, 3, 17] {
-            let xs = rng.vec((X_OFF + n_tokens as u64 * cols) as usize);
-            let got = run_all(&ctx, &w, &xs, n_tokens).await;
-            let what = format!("{rows}x{cols} tokens {n_tokens}");
-            worst = worst.max(check(ty, &what, &wf, &xs, rows, cols, n_tokens, &got));
+            let xs = rng.vec((x_off + n_tokens as u64 * cols) as usize);
+            let got = run_all(&ctx, &w, &xs, x_off, n_tokens).await;
+            let what = format!("{rows}x{cols} x at {x_off} tokens {n_tokens}");
+            worst = worst.max(check(ty, &what, &wf, &xs, x_off, rows, cols, n_tokens, &got));
         }
     }
 
     // A tensor split into 3 parts by a small binding limit equals the unsplit one bit for bit.
-    let (rows, cols) = (45u64, if float { 10 } else { 2 * be });
+    let (rows, cols) = (45u64, if float { 12 } else { 2 * be });
     let bytes = synthetic_rows(ty, cols, rows, 999);
     let wf = dequantize_to_vec(ty, &bytes).unwrap();
     let whole = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
@@ -133,12 +146,12 @@ async fn check_type(ty: GgmlType) {
     let split = upload_tensor(&ctx, "w split", ty, cols, rows, &bytes, 15 * row_bytes + 4).unwrap();
     assert_eq!(whole.parts.len(), 1);
     assert_eq!(split.parts.len(), 3, "{ty}: the split plan");
-    for n_tokens in [1u32, 17] {
-        let xs = rng.vec((X_OFF + n_tokens as u64 * cols) as usize);
-        let a = run_all(&ctx, &whole, &xs, n_tokens).await;
-        let b = run_all(&ctx, &split, &xs, n_tokens).await;
+    for (n_tokens, x_off) in [(1u32, 4u64), (17, 5)] {
+        let xs = rng.vec((x_off + n_tokens as u64 * cols) as usize);
+        let a = run_all(&ctx, &whole, &xs, x_off, n_tokens).await;
+        let b = run_all(&ctx, &split, &xs, x_off, n_tokens).await;
         assert_eq!(a, b, "{ty}: split and unsplit differ ({n_tokens} tokens)");
-        worst = worst.max(check(ty, "split", &wf, &xs, rows, cols, n_tokens, &b));
+        worst = worst.max(check(ty, "split", &wf, &xs, x_off, rows, cols, n_tokens, &b));
     }
     tlog!("{ty}: worst relative error {worst:.2e} (tolerance {:.0e}), adapter {:?}", tolerance(ty), ctx.adapter.name);
 }

@@ -22,7 +22,10 @@ fn every_shader_variant_validates() {
         let module = parse(&src, &label);
         // unpack2x16float is core WGSL, but naga files it under SHADER_FLOAT16_IN_FLOAT32 (for GLSL
         // ES targets); wgpu grants it on every Vulkan/Metal/DX12 device and the browser needs none.
-        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32)
+        // SUBGROUP: the matmul variants that use subgroup shuffles (built only where the device
+        // has the feature).
+        let caps = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32 | naga::valid::Capabilities::SUBGROUP;
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
             .validate(&module)
             .unwrap_or_else(|e| panic!("{label}: validation failed:\n{}", e.emit_to_string(&src.source)));
         assert!(module.entry_points.iter().any(|e| e.name == v.entry), "{label}: no entry {}", v.entry);

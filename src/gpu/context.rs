@@ -94,6 +94,9 @@ pub struct AdapterSummary {
     pub backend: String,
     pub device_type: String,
     pub driver: String,
+    /// The range of subgroup sizes the adapter may use (wgpu's defaults, 4 and 128, when unknown).
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
 }
 
 /// The device, its queue, the granted limits and the pipeline cache. Everything GPU hangs off it.
@@ -143,13 +146,20 @@ impl GpuContext {
             backend: format!("{:?}", info.backend),
             device_type: format!("{:?}", info.device_type),
             driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
         };
+        // Subgroup operations, natively only where offered (the matmul reduction uses them when
+        // present). Not in the browser: there WGSL would need `enable subgroups;`, which the
+        // native WGSL front end rejects, and one source serves both.
+        let wanted = if cfg!(target_arch = "wasm32") { wgpu::Features::empty() } else { wgpu::Features::SUBGROUP };
+        let features = adapter.features() & wanted;
         let offered = adapter.limits();
         let required = Self::required_limits(req, &offered, &summary.name)?;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("cera-web"),
-                required_features: wgpu::Features::empty(),
+                required_features: features,
                 required_limits: required,
                 experimental_features: wgpu::ExperimentalFeatures::disabled(),
                 memory_hints: wgpu::MemoryHints::Performance,

@@ -11,6 +11,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("argmax.wgsl", include_str!("../../shaders/argmax.wgsl")),
     ("kv_shift.wgsl", include_str!("../../shaders/kv_shift.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
+    ("gemm.wgsl", include_str!("../../shaders/gemm.wgsl")),
     ("penalty.wgsl", include_str!("../../shaders/penalty.wgsl")),
     ("topk.wgsl", include_str!("../../shaders/topk.wgsl")),
     ("embed.wgsl", include_str!("../../shaders/embed.wgsl")),
@@ -20,6 +21,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("glu.wgsl", include_str!("../../shaders/glu.wgsl")),
     ("elementwise.wgsl", include_str!("../../shaders/elementwise.wgsl")),
     ("attention.wgsl", include_str!("../../shaders/attention.wgsl")),
+    ("bench_copy.wgsl", include_str!("../../shaders/bench_copy.wgsl")),
 ];
 
 /// The source of a shader or template by file name.

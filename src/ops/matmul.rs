@@ -103,26 +103,60 @@ pub struct MatmulConfig {
     pub threads_per_row: u32,
     /// Tokens per invocation (1 for GEMV).
     pub tokens_per_thread: u32,
+    /// A row's team takes its items interleaved (`WORDS`: coalesced loads of W and X).
+    pub interleaved: bool,
+    /// Add the team's partial sums with subgroup shuffles (`SUBGROUP`); [`MatmulConfig::fit`]
+    /// clears it where the device cannot.
+    pub subgroup: bool,
+    /// Read X as vec4 (`XVEC4`); set per call by [`MatmulConfig::for_x`], never by hand.
+    pub x_vec4: bool,
 }
 
 impl MatmulConfig {
     /// Thread per row, no barrier: the shape for CPU-emulated adapters (lavapipe, SwiftShader).
     pub const fn simple(tokens_per_thread: u32) -> Self {
-        MatmulConfig { workgroup_size: 64, threads_per_row: 1, tokens_per_thread }
+        MatmulConfig {
+            workgroup_size: 64,
+            threads_per_row: 1,
+            tokens_per_thread,
+            interleaved: false,
+            subgroup: false,
+            x_vec4: false,
+        }
     }
 
-    /// Cooperative rows: `threads_per_row` threads split a row and reduce in workgroup memory.
+    /// Cooperative rows: `threads_per_row` threads split a row's units and reduce in workgroup
+    /// memory.
     pub const fn cooperative(workgroup_size: u32, threads_per_row: u32, tokens_per_thread: u32) -> Self {
-        MatmulConfig { workgroup_size, threads_per_row, tokens_per_thread }
+        MatmulConfig { workgroup_size, threads_per_row, tokens_per_thread, interleaved: false, subgroup: false, x_vec4: false }
     }
 
-    /// The GEMV shape for this device: simple on a CPU adapter, cooperative otherwise.
+    /// A row team: `threads_per_row` threads take the row's items interleaved and add their sums
+    /// with subgroup shuffles where the device has them (workgroup memory otherwise).
+    pub const fn team(workgroup_size: u32, threads_per_row: u32, tokens_per_thread: u32) -> Self {
+        MatmulConfig { workgroup_size, threads_per_row, tokens_per_thread, interleaved: true, subgroup: true, x_vec4: false }
+    }
+
+    /// The GEMV shape for this device and any weight: simple on a CPU adapter, a 16-thread row
+    /// team otherwise ([`MatmulConfig::gemv_for`] picks per weight).
     pub fn gemv(ctx: &GpuContext) -> Self {
         if is_cpu_adapter(ctx) {
             Self::simple(1)
         } else {
-            Self::cooperative(ctx.limits.workgroup_size(256), 8, 1).fit(ctx)
+            Self::team(ctx.limits.workgroup_size(256), 16, 1).fit(ctx)
         }
+    }
+
+    /// The GEMV shape for a weight of `ty` with `cols` values per row on this device: the team
+    /// grows with the row, so each lane has several items to stream and the reduction stays
+    /// small beside them (about 8 items a lane, 8 to 32 lanes).
+    pub fn gemv_for(ctx: &GpuContext, ty: GgmlType, cols: u64) -> Self {
+        if is_cpu_adapter(ctx) {
+            return Self::simple(1);
+        }
+        let items = items_per_row(ty, cols);
+        let tpr = (items / 8).clamp(8, 32).next_power_of_two().min(32) as u32;
+        Self::team(ctx.limits.workgroup_size(256), tpr, 1).fit(ctx)
     }
 
     /// The GEMM shape for this device (8 tokens per invocation).
@@ -135,7 +169,8 @@ impl MatmulConfig {
     }
 
     /// Clamp to the device: workgroup size within limits, TPR a power of two dividing it, the
-    /// reduction buffer within workgroup storage.
+    /// reduction buffer within workgroup storage, subgroups only where every team fits in one
+    /// full subgroup.
     pub fn fit(mut self, ctx: &GpuContext) -> Self {
         self.workgroup_size = ctx.limits.workgroup_size(self.workgroup_size);
         let mut tpr = self.threads_per_row.max(1).next_power_of_two().min(self.workgroup_size);
@@ -144,7 +179,13 @@ impl MatmulConfig {
         }
         self.threads_per_row = tpr;
         self.tokens_per_thread = self.tokens_per_thread.max(1);
+        self.interleaved &= tpr > 1;
+        self.subgroup &= tpr > 1
+            && ctx.features.contains(wgpu::Features::SUBGROUP)
+            && tpr <= ctx.adapter.subgroup_min_size
+            && self.workgroup_size % ctx.adapter.subgroup_max_size.max(1) == 0;
         while tpr > 1
+            && !self.subgroup
             && self.workgroup_size * self.tokens_per_thread * 4 > ctx.limits.max_compute_workgroup_storage_size
             && self.tokens_per_thread > 1
         {
@@ -153,8 +194,66 @@ impl MatmulConfig {
         self
     }
 
+    /// This shape for one call: X as vec4 when the interleaved kernel can (every token's row of
+    /// X starts at a multiple of 4 elements).
+    pub fn for_x(mut self, x_offset: u64, cols: u64) -> Self {
+        self.x_vec4 = self.interleaved && x_offset % 4 == 0 && cols % 4 == 0;
+        self
+    }
+
     pub fn rows_per_workgroup(&self) -> u32 {
         self.workgroup_size / self.threads_per_row
+    }
+}
+
+/// `wg256 tpr16 nt1 words sg`: what the bench prints and `--configs` parses.
+impl std::fmt::Display for MatmulConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "wg{} tpr{} nt{}", self.workgroup_size, self.threads_per_row, self.tokens_per_thread)?;
+        for (on, name) in [(self.interleaved, "words"), (self.subgroup, "sg"), (self.x_vec4, "xvec4")] {
+            if on {
+                write!(f, " {name}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for MatmulConfig {
+    type Err = Error;
+
+    /// Parse what `Display` writes (fields separated by spaces or commas, any order; `xvec4` is
+    /// decided per call and ignored).
+    fn from_str(s: &str) -> Result<Self> {
+        let mut cfg = MatmulConfig::simple(1);
+        for part in s.split([' ', ',']).filter(|p| !p.is_empty()) {
+            let num = |prefix: &str| part.strip_prefix(prefix).and_then(|v| v.parse::<u32>().ok());
+            if let Some(v) = num("wg") {
+                cfg.workgroup_size = v;
+            } else if let Some(v) = num("tpr") {
+                cfg.threads_per_row = v;
+            } else if let Some(v) = num("nt") {
+                cfg.tokens_per_thread = v;
+            } else if part == "words" {
+                cfg.interleaved = true;
+            } else if part == "sg" {
+                cfg.subgroup = true;
+            } else if part != "xvec4" {
+                return Err(Error::invalid(format!("matmul config {s:?}: unknown field {part:?} (want e.g. \"wg256 tpr16 nt1 words sg\")")));
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+/// Items per row of the interleaved kernel (`items()` in `quant_decls.tmpl`): a quant word for
+/// the legacy and 4/5-bit K types, a unit for the float types and Q6_K.
+pub fn items_per_row(ty: GgmlType, cols: u64) -> u64 {
+    use GgmlType::*;
+    match ty {
+        Q8_0 => cols / 4,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4K | Q5K => cols / 8,
+        _ => units_per_row(ty, cols),
     }
 }
 
@@ -180,6 +279,11 @@ pub fn key(ty: GgmlType, cfg: MatmulConfig) -> Result<PipelineKey> {
     if cfg.threads_per_row > 1 {
         k = k.define("COOP", "");
     }
+    for (on, name) in [(cfg.interleaved, "WORDS"), (cfg.subgroup, "SUBGROUP"), (cfg.x_vec4, "XVEC4")] {
+        if on {
+            k = k.define(name, "");
+        }
+    }
     Ok(k)
 }
 
@@ -190,16 +294,24 @@ fn key_u32(key: &PipelineKey, name: &str) -> u32 {
 
 /// The shapes the engine may pick, for every type (the naga test compiles each).
 pub fn variants() -> Vec<Variant> {
-    let shapes = [
+    let mut shapes = vec![
         MatmulConfig::simple(1),
         MatmulConfig::simple(8),
         MatmulConfig::cooperative(256, 8, 1),
         MatmulConfig::cooperative(256, 8, 8),
         MatmulConfig::cooperative(64, 4, 3),
     ];
+    // The row teams, with and without subgroups and vec4 X.
+    for (tpr, nt) in [(8, 1), (16, 1), (32, 1), (16, 8)] {
+        for subgroup in [false, true] {
+            for x_vec4 in [false, true] {
+                shapes.push(MatmulConfig { subgroup, x_vec4, ..MatmulConfig::team(256, tpr, nt) });
+            }
+        }
+    }
     let mut v = Vec::new();
     for (ty, _) in TYPES {
-        for cfg in shapes {
+        for &cfg in &shapes {
             let k = key(ty, cfg).expect("every listed type has a define");
             v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
         }
@@ -220,7 +332,7 @@ pub fn gemv(
     y: &wgpu::Buffer,
     y_offset: u64,
 ) -> Result<()> {
-    matmul(ctx, encoder, MatmulConfig::gemv(ctx), w, x, x_offset, y, y_offset, 1)
+    matmul(ctx, encoder, MatmulConfig::gemv_for(ctx, w.ty, w.cols), w, x, x_offset, y, y_offset, 1)
 }
 
 /// `Y[t, r] = sum_c W[r, c] * X[t, c]` for `n_tokens` tokens (prefill), in the device's GEMM
@@ -239,7 +351,7 @@ pub fn gemm(
     y_offset: u64,
     n_tokens: u32,
 ) -> Result<()> {
-    let cfg = if n_tokens == 1 { MatmulConfig::gemv(ctx) } else { MatmulConfig::gemm(ctx) };
+    let cfg = if n_tokens == 1 { MatmulConfig::gemv_for(ctx, w.ty, w.cols) } else { MatmulConfig::gemm(ctx) };
     matmul(ctx, encoder, cfg, w, x, x_offset, y, y_offset, n_tokens)
 }
 
@@ -261,10 +373,16 @@ pub fn matmul(
     rec.encode(encoder)
 }
 
-/// `Y[t, r] = sum_c W[r, c] * X[t, c]` in the device's shape for `n_tokens` (GEMV for one).
+/// `Y[t, r] = sum_c W[r, c] * X[t, c]` in the device's shape for `n_tokens`: a GEMV for one
+/// token, the tiled GEMM ([`super::gemm`]) for a batch where it is the faster kernel, else this
+/// kernel's register shape.
 #[allow(clippy::too_many_arguments)]
 pub fn prepare_auto(rec: &mut Recorder, w: &GpuTensor, x: &wgpu::Buffer, x_offset: u64, y: &wgpu::Buffer, y_offset: u64, n_tokens: u32) -> Result<()> {
-    let cfg = if n_tokens == 1 { MatmulConfig::gemv(rec.ctx) } else { MatmulConfig::gemm(rec.ctx) };
+    if super::gemm::use_gemm(rec.ctx, n_tokens) {
+        let cfg = super::gemm::GemmConfig::for_device(rec.ctx);
+        return super::gemm::prepare(rec, cfg, w, x, x_offset, y, y_offset, None, n_tokens);
+    }
+    let cfg = if n_tokens == 1 { MatmulConfig::gemv_for(rec.ctx, w.ty, w.cols) } else { MatmulConfig::gemm(rec.ctx) };
     prepare(rec, cfg, w, x, x_offset, y, y_offset, n_tokens)
 }
 
@@ -284,7 +402,7 @@ pub fn prepare(
         return Ok(());
     }
     let ctx = rec.ctx;
-    let cfg = cfg.fit(ctx);
+    let cfg = cfg.fit(ctx).for_x(x_offset, w.cols);
     let pipe = ctx.pipeline(&key(w.ty, cfg)?)?;
     let wg = pipe.decisions.workgroup_size;
     let rpw = wg / key_u32(&pipe.key, "TPR");
@@ -327,57 +445,4 @@ pub fn prepare(
         );
     }
     Ok(())
-}
-
-/// Milliseconds from an arbitrary origin, on both targets.
-fn now_ms() -> f64 {
-    #[cfg(target_arch = "wasm32")]
-    {
-        js_sys::Date::now()
-    }
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        use std::sync::OnceLock;
-        static T0: OnceLock<std::time::Instant> = OnceLock::new();
-        T0.get_or_init(std::time::Instant::now).elapsed().as_secs_f64() * 1e3
-    }
-}
-
-/// GEMV throughput on synthetic weights of `ty` (`rows x cols`), in GB/s of weight bytes (GPU
-/// layout) streamed: `iters` GEMVs in one command buffer after one warm-up, timed to the end of a
-/// 4-byte readback.
-pub async fn bench_gemv(ctx: &GpuContext, ty: GgmlType, rows: u64, cols: u64, iters: u32) -> Result<f64> {
-    bench_gemv_with(ctx, MatmulConfig::gemv(ctx), ty, rows, cols, iters).await
-}
-
-/// [`bench_gemv`] with an explicit kernel shape.
-pub async fn bench_gemv_with(ctx: &GpuContext, cfg: MatmulConfig, ty: GgmlType, rows: u64, cols: u64, iters: u32) -> Result<f64> {
-    let bytes = crate::quant::gpu::synthetic_rows(ty, cols, rows, 1);
-    let w = crate::quant::gpu::upload_tensor(ctx, "bench weight", ty, cols, rows, &bytes, ctx.limits.max_binding())?;
-    drop(bytes);
-    let xs: Vec<f32> = (0..cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
-    let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&xs));
-    let y = ctx.empty_storage("bench y", rows * 4)?;
-    // Prepared once, recorded `n` times into one pass: the kernel's time, not the CPU's.
-    let mut rec = Recorder::new(ctx);
-    prepare(&mut rec, cfg, &w, &x, 0, &y, 0, 1)?;
-    let prepared = rec.finish();
-    let run = |n: u32| -> Result<()> {
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("bench gemv") });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("bench gemv"), timestamp_writes: None });
-            for _ in 0..n {
-                prepared.record(&mut pass);
-            }
-        }
-        ctx.submit([enc.finish()]);
-        Ok(())
-    };
-    run(1)?;
-    crate::gpu::read_buffer(ctx, &y, 0, 4).await?;
-    let t0 = now_ms();
-    run(iters.max(1))?;
-    crate::gpu::read_buffer(ctx, &y, 0, 4).await?;
-    let secs = (now_ms() - t0) / 1e3;
-    Ok(w.gpu_bytes() as f64 * iters.max(1) as f64 / secs / 1e9)
 }

@@ -5,9 +5,11 @@ pub mod argmax;
 pub mod attention;
 pub mod elementwise;
 pub mod embed;
+pub mod gemm;
 pub mod glu;
 pub mod kv_shift;
 pub mod matmul;
+pub mod matmul_bench;
 pub mod penalty;
 pub mod qk_rope;
 pub mod rmsnorm;
@@ -37,6 +39,8 @@ pub fn all_variants() -> Vec<Variant> {
     let mut v = Vec::new();
     v.extend(kv_shift::variants());
     v.extend(matmul::variants());
+    v.extend(gemm::variants());
+    v.extend(matmul_bench::variants());
     v.extend(argmax::variants());
     v.extend(topk::variants());
     v.extend(penalty::variants());
@@ -66,5 +70,7 @@ pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usiz
         entry::<elementwise::ElementwiseParams>(),
     ]);
     v.push(entry::<attention::AttentionParams>());
+    v.push(entry::<gemm::GemmParams>());
+    v.push(entry::<matmul_bench::BenchCopyParams>());
     v
 }

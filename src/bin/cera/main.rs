@@ -1,10 +1,15 @@
 //! `cera`: the native command line. `cera adapter` shows the GPU and its limits; `cera selfcheck`
 //! runs the kv_shift check against the CPU reference; `cera inspect MODEL.gguf` prints metadata,
-//! tensors, bytes per quant type and the GPU memory plan; `cera load MODEL.gguf` times a load.
+//! tensors, bytes per quant type and the GPU memory plan; `cera load MODEL.gguf` times a load;
+//! `cera bench-gemv` prints GEMV bandwidth per weight type and shape beside a plain copy's.
 
 #[cfg(target_arch = "wasm32")]
 fn main() {}
 
+#[cfg(not(target_arch = "wasm32"))]
+mod bench_gemv;
+#[cfg(not(target_arch = "wasm32"))]
+mod bench_gemm;
 #[cfg(not(target_arch = "wasm32"))]
 mod inspect;
 #[cfg(not(target_arch = "wasm32"))]
@@ -83,31 +88,25 @@ fn main() {
                 }
             }
         }
-        Some("bench-gemv") => {
-            // cera bench-gemv [TYPE=q8_0] [ROWS=262144] [COLS=640] [ITERS=5]: the output head by default.
-            use cera_web::ops::matmul;
-            let ty_name = args.get(2).map(String::as_str).unwrap_or("q8_0");
-            let Some(ty) = matmul::TYPES.iter().map(|(t, _)| *t).find(|t| t.name().eq_ignore_ascii_case(ty_name)) else {
-                eprintln!("error: unknown or unsupported type {ty_name}");
-                std::process::exit(2);
-            };
-            let num = |i: usize, d: u64| args.get(i).and_then(|v| v.parse().ok()).unwrap_or(d);
-            let (rows, cols, iters) = (num(3, 262144), num(4, 640), num(5, 5) as u32);
+        Some("bench-gemm") => {
             let ctx = open();
-            let cfg = matmul::MatmulConfig::gemv(&ctx);
-            match pollster::block_on(matmul::bench_gemv(&ctx, ty, rows, cols, iters)) {
-                Ok(gbs) => println!(
-                    "{{\"type\": \"{ty}\", \"rows\": {rows}, \"cols\": {cols}, \"iters\": {iters}, \"gb_per_s\": {gbs:.3}, \"shape\": \"{cfg:?}\", \"adapter\": {:?}}}",
-                    ctx.adapter.name
-                ),
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    std::process::exit(1);
-                }
+            if let Err(e) = bench_gemm::run(&ctx, &args[2..]) {
+                eprintln!("error: {e}");
+                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument { 2 } else { 1 });
+            }
+        }
+        Some("bench-gemv") => {
+            let ctx = open();
+            if let Err(e) = bench_gemv::run(&ctx, &args[2..]) {
+                eprintln!("error: {e}");
+                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument { 2 } else { 1 });
             }
         }
         _ => {
-            eprintln!("usage: cera adapter | cera selfcheck | cera inspect MODEL.gguf [--json] | cera load MODEL.gguf | cera bench-gemv [TYPE] [ROWS] [COLS] [ITERS]");
+            eprintln!(
+                "usage: cera adapter | cera selfcheck | cera inspect MODEL.gguf [--json] | cera load MODEL.gguf | {}",
+                bench_gemv::USAGE
+            );
             std::process::exit(2);
         }
     }

@@ -1,0 +1,471 @@
+//! `gemm`: the tiled matrix product for prefill, `Y[t, r] = sum_c W[r, c] * X[t, c]` (see
+//! `shaders/gemm.wgsl`). A workgroup computes a BM x BN tile of `Y` (rows x tokens), walking K
+//! in steps of BK: the W tile is decoded once into workgroup memory as f32, the X tile copied
+//! beside it, and each thread accumulates TM x TN outputs in registers.
+//!
+//! The weight is a [`GpuTensor`] in the GPU layout of [`crate::quant::gpu`], every type
+//! [`matmul`](super::matmul) reads, possibly split into row-range parts: one dispatch per part,
+//! writing its rows of `Y`.
+//!
+//! The tile is a decision ([`GemmConfig`]) recorded in the pipeline key as defines; the dispatch
+//! reads BM and BN back from the key, so shader and grid cannot disagree. [`use_gemm`] says when
+//! the tiled kernel beats matmul's tokens-in-registers kernel.
+
+use std::mem::offset_of;
+use std::sync::Arc;
+
+use super::matmul::{self, MatmulConfig, TYPES};
+use super::{Variant, WgslParams};
+use crate::error::{Error, ErrorCode, Result};
+use crate::gguf::GgmlType;
+use crate::gpu::{grid_2d, CachedPipeline, GpuContext, GpuLimits, GpuTensor, PipelineKey, Recorder};
+
+pub const SHADER: &str = "gemm.wgsl";
+pub const ENTRY: &str = "gemm";
+
+/// Uniform of `gemm.wgsl` for one dispatch (one part of the weight).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct GemmParams {
+    /// Rows of W in this part.
+    pub rows: u32,
+    /// K: values per row.
+    pub cols: u32,
+    /// u32 words per row in the GPU layout.
+    pub row_words: u32,
+    pub n_tokens: u32,
+    /// Element index of `X[0, 0]`.
+    pub x_offset: u32,
+    pub x_stride: u32,
+    /// Element index of `Y[0, first row of this part]`.
+    pub y_offset: u32,
+    pub y_stride: u32,
+    /// Workgroups along the tokens: `ceil(n_tokens / BN)`.
+    pub token_tiles: u32,
+    pub pad0: u32,
+    pub pad1: u32,
+    pub pad2: u32,
+}
+
+impl WgslParams for GemmParams {
+    const WGSL_NAME: &'static str = "GemmParams";
+    const SHADER: &'static str = SHADER;
+    const FIELDS: &'static [(&'static str, usize)] = &[
+        ("rows", offset_of!(GemmParams, rows)),
+        ("cols", offset_of!(GemmParams, cols)),
+        ("row_words", offset_of!(GemmParams, row_words)),
+        ("n_tokens", offset_of!(GemmParams, n_tokens)),
+        ("x_offset", offset_of!(GemmParams, x_offset)),
+        ("x_stride", offset_of!(GemmParams, x_stride)),
+        ("y_offset", offset_of!(GemmParams, y_offset)),
+        ("y_stride", offset_of!(GemmParams, y_stride)),
+        ("token_tiles", offset_of!(GemmParams, token_tiles)),
+        ("pad0", offset_of!(GemmParams, pad0)),
+        ("pad1", offset_of!(GemmParams, pad1)),
+        ("pad2", offset_of!(GemmParams, pad2)),
+    ];
+}
+
+/// The tile shape: a decision stored in the pipeline key, read back by the dispatch.
+///
+/// A workgroup computes `bm` rows x `bn` tokens with `(bm / tm) * (bn / tn)` threads, each
+/// `tm` x `tn` outputs; K advances `bk` values per step. Workgroup memory: `(bm + bn) * bk * 4`
+/// bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmConfig {
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    /// Rows per thread: 4 or 8.
+    pub tm: u32,
+    /// Tokens per thread: 4 or 8.
+    pub tn: u32,
+}
+
+impl GemmConfig {
+    pub const fn new(bm: u32, bn: u32, bk: u32, tm: u32, tn: u32) -> Self {
+        GemmConfig { bm, bn, bk, tm, tn }
+    }
+
+    /// 128 rows x 64 tokens, 8 x 4 per thread, 256 threads, BK 32: 24 KiB of workgroup memory.
+    /// Each k step reads 3 vec4s per thread for 32 multiply-adds.
+    pub const LARGE: GemmConfig = GemmConfig::new(128, 64, 32, 8, 4);
+    /// 64 x 64, 4 x 4 per thread, 256 threads, BK 32: 16 KiB, WebGPU's guaranteed minimum.
+    pub const MEDIUM: GemmConfig = GemmConfig::new(64, 64, 32, 4, 4);
+    /// 64 x 64 with BK 16: 8 KiB, for adapters below the WebGPU minimum (downlevel limits).
+    pub const SMALL: GemmConfig = GemmConfig::new(64, 64, 16, 4, 4);
+    /// 32 x 32 with 4 x 4 per thread: 64 threads, 4 KiB. For CPU-emulated adapters, where a
+    /// workgroup runs on one core and a smaller tile keeps both cores busy on small matrices.
+    pub const CPU: GemmConfig = GemmConfig::new(32, 32, 32, 4, 4);
+
+    /// Threads per workgroup.
+    pub const fn workgroup_size(&self) -> u32 {
+        (self.bm / self.tm) * (self.bn / self.tn)
+    }
+
+    /// Bytes of workgroup memory (the two f32 tiles).
+    pub const fn storage_bytes(&self) -> u32 {
+        (self.bm + self.bn) * self.bk * 4
+    }
+
+    /// The largest of the standard tiles this device's limits allow.
+    pub fn for_device(ctx: &GpuContext) -> Self {
+        if matmul::is_cpu_adapter(ctx) {
+            return Self::CPU;
+        }
+        [Self::LARGE, Self::MEDIUM, Self::SMALL].into_iter().find(|c| c.check(&ctx.limits).is_ok()).unwrap_or(Self::CPU)
+    }
+
+    /// Whether the shader can be built with this shape on a device with `limits`, and why not.
+    pub fn check(&self, limits: &GpuLimits) -> Result<()> {
+        let bad = |why: String| Err(Error::invalid(format!("gemm tile {self:?}: {why}")));
+        if !matches!(self.tm, 4 | 8) || !matches!(self.tn, 4 | 8) {
+            return bad("rows and tokens per thread must be 4 or 8".into());
+        }
+        // Thread (tx, ty) owns row slots tx + i * (bm / tm) for i < tm / 4: bm / tm threads of
+        // tm / 4 vec4 slots cover bm / 4 slots when tm divides bm.
+        if self.bm % self.tm != 0 || self.bn % self.tn != 0 || self.bm == 0 || self.bn == 0 {
+            return bad("bm must be a multiple of tm, bn of tn".into());
+        }
+        if self.bk == 0 || self.bk % 8 != 0 {
+            return bad("bk must be a positive multiple of 8 (the decode run)".into());
+        }
+        let wg = self.workgroup_size();
+        if wg > limits.max_compute_invocations_per_workgroup || wg > limits.max_compute_workgroup_size_x {
+            return bad(format!(
+                "{wg} threads exceed this device's {} invocations per workgroup",
+                limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x)
+            ));
+        }
+        if self.storage_bytes() > limits.max_compute_workgroup_storage_size {
+            return bad(format!(
+                "{} bytes of workgroup memory exceed this device's {}",
+                self.storage_bytes(),
+                limits.max_compute_workgroup_storage_size
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `BMxBNxBK:TMxTN`, e.g. `128x64x32:8x4` (how the bench prints and parses tiles).
+impl std::fmt::Display for GemmConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}x{}:{}x{}", self.bm, self.bn, self.bk, self.tm, self.tn)
+    }
+}
+
+impl std::str::FromStr for GemmConfig {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || Error::invalid(format!("tile {s:?}: want BMxBNxBK:TMxTN, e.g. 128x64x32:8x4"));
+        let (tile, thread) = s.trim().split_once(':').ok_or_else(bad)?;
+        let nums = |t: &str| t.split('x').map(|n| n.parse::<u32>().map_err(|_| bad())).collect::<Result<Vec<u32>>>();
+        match (nums(tile)?.as_slice(), nums(thread)?.as_slice()) {
+            (&[bm, bn, bk], &[tm, tn]) => Ok(GemmConfig::new(bm, bn, bk, tm, tn)),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// Whether the tiled kernel is the faster choice for a batch of `n_tokens`.
+///
+/// One token is a GEMV (matmul's cooperative kernel). On a real GPU the tile pays off from a
+/// few tokens: below 8, most of a 64-token tile would be padding. On a CPU-emulated adapter
+/// (lavapipe, SwiftShader) the register kernel stays, pending a measurement.
+pub fn use_gemm(ctx: &GpuContext, n_tokens: u32) -> bool {
+    !matmul::is_cpu_adapter(ctx) && n_tokens >= 8
+}
+
+fn type_define(ty: GgmlType) -> Result<&'static str> {
+    TYPES.iter().find(|(t, _)| *t == ty).map(|(_, d)| *d).ok_or_else(|| {
+        Error::new(ErrorCode::UnsupportedQuant, format!("tensor type {ty} has no GPU gemm kernel"))
+    })
+}
+
+/// The pipeline key of a type and tile.
+pub fn key(ty: GgmlType, cfg: GemmConfig) -> Result<PipelineKey> {
+    let mut k = PipelineKey::new(SHADER, ENTRY)
+        .define(type_define(ty)?, "")
+        .workgroup_size(cfg.workgroup_size())
+        .define("BM", format!("{}u", cfg.bm))
+        .define("BN", format!("{}u", cfg.bn))
+        .define("BK", format!("{}u", cfg.bk))
+        .define("TM", format!("{}u", cfg.tm))
+        .define("TN", format!("{}u", cfg.tn));
+    if cfg.tm == 8 {
+        k = k.define("TM8", "");
+    }
+    if cfg.tn == 8 {
+        k = k.define("TN8", "");
+    }
+    Ok(k)
+}
+
+/// Read a `u32` define back from a key (the dispatch reads the tile the shader was built with).
+fn key_u32(key: &PipelineKey, name: &str) -> Result<u32> {
+    key.defines
+        .iter()
+        .find(|(k, _)| k == name)
+        .and_then(|(_, v)| v.trim_end_matches('u').parse().ok())
+        .ok_or_else(|| Error::internal(format!("gemm pipeline key has no {name}")))
+}
+
+/// The tiles the engine may pick, plus odd ones the tests use, for every type (the naga test
+/// compiles each).
+pub fn variants() -> Vec<Variant> {
+    let shapes = [
+        GemmConfig::LARGE,
+        GemmConfig::MEDIUM,
+        GemmConfig::SMALL,
+        GemmConfig::CPU,
+        GemmConfig::new(64, 128, 16, 4, 8),
+        GemmConfig::new(128, 128, 16, 8, 8),
+        GemmConfig::new(16, 8, 8, 4, 4),
+    ];
+    let mut v = Vec::new();
+    for (ty, _) in TYPES {
+        for cfg in shapes {
+            let k = key(ty, cfg).expect("every listed type has a define");
+            v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+        }
+    }
+    v
+}
+
+/// Prepare `Y[t, r] = sum_c W[r, c] * X[t, c]` for `n_tokens` tokens: one dispatch per part of
+/// `w`, pushed onto `rec`.
+///
+/// - `x`: `(n_tokens, cols)` f32 from element `x_offset`
+/// - `y`: `(n_tokens, y_stride)` f32 from element `y_offset`; `y_stride` defaults to `w.rows`.
+///   Only the `w.rows` columns of each token's row are written.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare(
+    rec: &mut Recorder,
+    cfg: GemmConfig,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    x_offset: u64,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    y_stride: Option<u64>,
+    n_tokens: u32,
+) -> Result<()> {
+    if n_tokens == 0 || w.rows == 0 {
+        return Ok(());
+    }
+    let ctx = rec.ctx;
+    cfg.check(&ctx.limits)?;
+    let y_stride = y_stride.unwrap_or(w.rows);
+    if y_stride < w.rows {
+        return Err(Error::invalid(format!("gemm {}: y stride {y_stride} is below the {} rows", w.name, w.rows)));
+    }
+    let pipe: Arc<CachedPipeline> = ctx.pipeline(&key(w.ty, cfg)?)?;
+    let (bm, bn) = (key_u32(&pipe.key, "BM")? as u64, key_u32(&pipe.key, "BN")? as u64);
+    let u32_of = |what: &str, v: u64| {
+        u32::try_from(v).map_err(|_| Error::invalid(format!("gemm {}: {what} = {v} does not fit in u32", w.name)))
+    };
+    let token_tiles = (n_tokens as u64).div_ceil(bn);
+    // The last element each binding is indexed at must fit the shader's u32 arithmetic.
+    u32_of("x end", x_offset + n_tokens as u64 * w.cols)?;
+    u32_of("y end", y_offset + n_tokens as u64 * y_stride)?;
+    let label = pipe.key.label();
+    for part in &w.parts {
+        if part.rows == 0 {
+            continue;
+        }
+        let groups = part.rows.div_ceil(bm) * token_tiles;
+        let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
+        let params = GemmParams {
+            rows: u32_of("rows", part.rows)?,
+            cols: u32_of("cols", w.cols)?,
+            row_words: u32_of("row words", w.row_bytes / 4)?,
+            n_tokens,
+            x_offset: u32_of("x offset", x_offset)?,
+            x_stride: u32_of("cols", w.cols)?,
+            y_offset: u32_of("y offset", y_offset + part.row_start)?,
+            y_stride: u32_of("y stride", y_stride)?,
+            token_tiles: u32_of("token tiles", token_tiles)?,
+            pad0: 0,
+            pad1: 0,
+            pad2: 0,
+        };
+        let ubuf = rec.uniform(&label, &params);
+        let entries = [
+            wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 1, resource: part.buffer.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 2, resource: x.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 3, resource: y.as_entire_binding() },
+        ];
+        rec.push("gemm", &pipe, &entries, grid);
+    }
+    Ok(())
+}
+
+/// [`prepare`] and record at once into a new compute pass of `enc` (one-off use, tests).
+#[allow(clippy::too_many_arguments)]
+pub fn encode(
+    ctx: &GpuContext,
+    enc: &mut wgpu::CommandEncoder,
+    cfg: GemmConfig,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    x_offset: u64,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    y_stride: Option<u64>,
+    n_tokens: u32,
+) -> Result<()> {
+    let mut rec = Recorder::new(ctx);
+    prepare(&mut rec, cfg, w, x, x_offset, y, y_offset, y_stride, n_tokens)?;
+    rec.encode(enc)
+}
+
+/// Milliseconds from an arbitrary origin, on both targets.
+fn now_ms() -> f64 {
+    #[cfg(target_arch = "wasm32")]
+    {
+        js_sys::Date::now()
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use std::sync::OnceLock;
+        static T0: OnceLock<std::time::Instant> = OnceLock::new();
+        T0.get_or_init(std::time::Instant::now).elapsed().as_secs_f64() * 1e3
+    }
+}
+
+/// A kernel to benchmark: the tiled GEMM with a tile, or matmul's register kernel with a shape.
+#[derive(Clone, Copy, Debug)]
+pub enum Kernel {
+    Tiled(GemmConfig),
+    Registers(MatmulConfig),
+}
+
+/// Tiled GEMM throughput on synthetic weights of `ty` (`rows x cols`) and `n_tokens` tokens, in
+/// GFLOP/s (`2 * rows * cols * n_tokens` per product), with the device's tile.
+pub async fn bench_gemm(ctx: &GpuContext, ty: GgmlType, rows: u64, cols: u64, n_tokens: u32, iters: u32) -> Result<f64> {
+    bench_kernel(ctx, Kernel::Tiled(GemmConfig::for_device(ctx)), ty, rows, cols, n_tokens, iters).await
+}
+
+/// [`bench_gemm`] for any kernel: `iters` products recorded into one compute pass after one
+/// warm-up, timed to the end of a 4-byte readback.
+#[allow(clippy::too_many_arguments)]
+pub async fn bench_kernel(
+    ctx: &GpuContext,
+    kernel: Kernel,
+    ty: GgmlType,
+    rows: u64,
+    cols: u64,
+    n_tokens: u32,
+    iters: u32,
+) -> Result<f64> {
+    let bytes = crate::quant::gpu::synthetic_rows(ty, cols, rows, 1);
+    let w = crate::quant::gpu::upload_tensor(ctx, "bench weight", ty, cols, rows, &bytes, ctx.limits.max_binding())?;
+    drop(bytes);
+    let xs: Vec<f32> = (0..cols * n_tokens as u64).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+    let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&xs));
+    let y = ctx.empty_storage("bench y", rows * n_tokens as u64 * 4)?;
+    let iters = iters.max(1);
+    let prepared = match kernel {
+        Kernel::Tiled(cfg) => {
+            let mut rec = Recorder::new(ctx);
+            prepare(&mut rec, cfg, &w, &x, 0, &y, 0, None, n_tokens)?;
+            Some(rec.finish())
+        }
+        Kernel::Registers(_) => None,
+    };
+    let run = |n: u32| -> Result<()> {
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("bench gemm") });
+        match (&prepared, kernel) {
+            (Some(p), _) => {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+                for _ in 0..n {
+                    p.record(&mut pass);
+                }
+            }
+            (None, Kernel::Registers(cfg)) => {
+                for _ in 0..n {
+                    matmul::matmul(ctx, &mut enc, cfg, &w, &x, 0, &y, 0, n_tokens)?;
+                }
+            }
+            (None, Kernel::Tiled(_)) => unreachable!("a tiled kernel is always prepared"),
+        }
+        ctx.submit([enc.finish()]);
+        Ok(())
+    };
+    run(1)?;
+    crate::gpu::read_buffer(ctx, &y, 0, 4).await?;
+    let t0 = now_ms();
+    run(iters)?;
+    crate::gpu::read_buffer(ctx, &y, 0, 4).await?;
+    let secs = (now_ms() - t0) / 1e3;
+    Ok(2.0 * rows as f64 * cols as f64 * n_tokens as f64 * iters as f64 / secs / 1e9)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn webgpu_min() -> GpuLimits {
+        GpuLimits {
+            max_storage_buffer_binding_size: 128 << 20,
+            max_buffer_size: 256 << 20,
+            max_compute_workgroups_per_dimension: 65535,
+            max_compute_invocations_per_workgroup: 256,
+            max_compute_workgroup_size_x: 256,
+            max_compute_workgroup_storage_size: 16 << 10,
+            max_storage_buffers_per_shader_stage: 8,
+            min_storage_buffer_offset_alignment: 256,
+            max_uniform_buffer_binding_size: 64 << 10,
+        }
+    }
+
+    #[test]
+    fn standard_tiles_fit_their_limits() {
+        let min = webgpu_min();
+        assert!(GemmConfig::MEDIUM.check(&min).is_ok(), "MEDIUM must fit WebGPU's minimum limits");
+        assert!(GemmConfig::SMALL.check(&min).is_ok());
+        assert!(GemmConfig::CPU.check(&min).is_ok());
+        assert!(GemmConfig::LARGE.check(&min).is_err(), "LARGE needs 24 KiB");
+        let big = GpuLimits { max_compute_workgroup_storage_size: 32 << 10, ..min };
+        assert!(GemmConfig::LARGE.check(&big).is_ok());
+        assert_eq!(GemmConfig::LARGE.workgroup_size(), 256);
+        assert_eq!(GemmConfig::MEDIUM.storage_bytes(), 16 << 10);
+    }
+
+    #[test]
+    fn bad_tiles_are_refused() {
+        let min = webgpu_min();
+        for c in [
+            GemmConfig::new(64, 64, 32, 2, 4),  // tm not 4 or 8
+            GemmConfig::new(60, 64, 32, 8, 4),  // bm not a multiple of tm
+            GemmConfig::new(64, 64, 12, 4, 4),  // bk not a multiple of 8
+            GemmConfig::new(128, 128, 8, 4, 4), // 1024 threads
+        ] {
+            assert!(c.check(&min).is_err(), "{c:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn key_carries_the_tile() {
+        let k = key(GgmlType::Q4K, GemmConfig::LARGE).unwrap();
+        assert_eq!(k.decisions().workgroup_size, 256);
+        assert_eq!(key_u32(&k, "BM").unwrap(), 128);
+        assert_eq!(key_u32(&k, "BN").unwrap(), 64);
+        assert!(k.defines.iter().any(|(d, _)| d == "TM8"));
+        assert!(!k.defines.iter().any(|(d, _)| d == "TN8"));
+        assert!(key(GgmlType::Q2K, GemmConfig::LARGE).is_err());
+    }
+
+    #[test]
+    fn tile_text_round_trips() {
+        for c in [GemmConfig::LARGE, GemmConfig::MEDIUM, GemmConfig::new(16, 8, 8, 4, 4)] {
+            assert_eq!(c.to_string().parse::<GemmConfig>().unwrap(), c);
+        }
+        assert_eq!("128x64x32:8x4".parse::<GemmConfig>().unwrap(), GemmConfig::LARGE);
+        for bad in ["128x64:8x4", "128x64x32", "axbxc:dxe", "1x2x3:4x5x6"] {
+            assert!(bad.parse::<GemmConfig>().is_err(), "{bad} parsed");
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! GEMV bandwidth benchmark (`cera bench-gemv`): per weight type and model shape, the GB/s of
+//! weight bytes (GPU layout) one decode GEMV streams, beside what a plain copy and a plain read of
+//! the same number of bytes reach on the same GPU (`shaders/bench_copy.wgsl`).
+//!
+//! A decode step is a chain of GEMVs, each depending on the last, so the bench records `iters`
+//! GEMVs of one weight back to back in one submission (wgpu orders them: each writes `y`), and
+//! times submit to the end of one 4-byte readback. Encoding happens before the clock starts.
+//! Iterations adapt: a short run estimates the time of one GEMV, then one run sized to
+//! `target_secs`. Small shapes fit in the GPU's L2 cache, and so does their copy: the ratio
+//! compares like with like, the absolute GB/s of small shapes is not DRAM bandwidth.
+
+use std::collections::HashMap;
+use std::mem::offset_of;
+
+use super::matmul::{self, MatmulConfig};
+use super::{Variant, WgslParams};
+use crate::error::{Error, Result};
+use crate::gguf::GgmlType;
+use crate::gpu::{grid_2d, read_buffer, GpuContext, PipelineKey};
+use crate::quant::gpu::{synthetic_rows, upload_tensor};
+
+pub const SHADER: &str = "bench_copy.wgsl";
+
+/// A weight shape of a real model: `rows x cols` (output features x input features).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub name: &'static str,
+    pub rows: u64,
+    pub cols: u64,
+}
+
+const fn shape(name: &'static str, rows: u64, cols: u64) -> Shape {
+    Shape { name, rows, cols }
+}
+
+/// Gemma 3 270M: n_embd 640, 4 query heads x 256, 1 KV head x 256, n_ff 2048, vocab 262144.
+pub const GEMMA3_270M: [Shape; 6] = [
+    shape("gemma3-270m attn_q", 1024, 640),
+    shape("gemma3-270m attn_k/v", 256, 640),
+    shape("gemma3-270m attn_output", 640, 1024),
+    shape("gemma3-270m ffn_gate/up", 2048, 640),
+    shape("gemma3-270m ffn_down", 640, 2048),
+    shape("gemma3-270m output", 262144, 640),
+];
+
+/// Llama 3 8B: n_embd 4096, 32 query heads x 128, 8 KV heads x 128, n_ff 14336, vocab 128256.
+pub const LLAMA3_8B: [Shape; 5] = [
+    shape("llama3-8b attn_q/output", 4096, 4096),
+    shape("llama3-8b attn_k/v", 1024, 4096),
+    shape("llama3-8b ffn_gate/up", 14336, 4096),
+    shape("llama3-8b ffn_down", 4096, 14336),
+    shape("llama3-8b output", 128256, 4096),
+];
+
+/// `--quick` (CPU adapters): the Gemma shapes with the output head cut to 16384 rows.
+pub const QUICK: [Shape; 6] = [
+    shape("gemma3-270m attn_q", 1024, 640),
+    shape("gemma3-270m attn_k/v", 256, 640),
+    shape("gemma3-270m attn_output", 640, 1024),
+    shape("gemma3-270m ffn_gate/up", 2048, 640),
+    shape("gemma3-270m ffn_down", 640, 2048),
+    shape("gemma3-270m output/16", 16384, 640),
+];
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub types: Vec<GgmlType>,
+    pub shapes: Vec<Shape>,
+    /// Kernel shapes to time; `None`: the one the engine picks for each weight.
+    pub configs: Option<Vec<MatmulConfig>>,
+    /// Wall time of the timed run of each entry.
+    pub target_secs: f64,
+    pub max_iters: u32,
+}
+
+impl BenchOptions {
+    /// Every type on the Gemma 3 270M and Llama 3 8B shapes, ~0.2 s per entry.
+    pub fn full() -> Self {
+        BenchOptions {
+            types: matmul::TYPES.iter().map(|(t, _)| *t).collect(),
+            shapes: GEMMA3_270M.iter().chain(LLAMA3_8B.iter()).copied().collect(),
+            configs: None,
+            target_secs: 0.2,
+            max_iters: 2000,
+        }
+    }
+
+    /// Small shapes and short runs: the whole table in a minute or two on lavapipe.
+    pub fn quick() -> Self {
+        BenchOptions { shapes: QUICK.to_vec(), target_secs: 0.02, max_iters: 200, ..Self::full() }
+    }
+}
+
+/// One line of the table.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchRow {
+    pub ty: String,
+    pub shape: String,
+    pub rows: u64,
+    pub cols: u64,
+    /// The kernel shape, as [`MatmulConfig`]'s `Display` writes it.
+    pub config: String,
+    /// Weight bytes one GEMV reads (GPU layout).
+    pub weight_bytes: u64,
+    pub iters: u32,
+    pub us_per_gemv: f64,
+    /// Weight bytes per second, GB/s.
+    pub gemv_gb_s: f64,
+    /// A vec4 copy of as many bytes: (read + written) bytes per second, GB/s.
+    pub copy_gb_s: f64,
+    /// A vec4 read of as many bytes, GB/s.
+    pub read_gb_s: f64,
+    /// `gemv_gb_s / copy_gb_s`.
+    pub ratio: f64,
+}
+
+/// Uniform of `bench_copy.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct BenchCopyParams {
+    pub n: u32,
+    pub per_thread: u32,
+    pub threads: u32,
+    pub pad0: u32,
+}
+
+impl WgslParams for BenchCopyParams {
+    const WGSL_NAME: &'static str = "BenchCopyParams";
+    const SHADER: &'static str = SHADER;
+    const FIELDS: &'static [(&'static str, usize)] = &[
+        ("n", offset_of!(BenchCopyParams, n)),
+        ("per_thread", offset_of!(BenchCopyParams, per_thread)),
+        ("threads", offset_of!(BenchCopyParams, threads)),
+        ("pad0", offset_of!(BenchCopyParams, pad0)),
+    ];
+}
+
+/// Workgroup size of the copy kernels (clamped to the device).
+const COPY_WG: u32 = 256;
+/// Elements each `stream` invocation folds: enough loads in flight per thread, few threads.
+const READ_PER_THREAD: u32 = 16;
+
+fn copy_key(ctx: &GpuContext, entry: &'static str) -> PipelineKey {
+    PipelineKey::new(SHADER, entry).workgroup_size(ctx.limits.workgroup_size(COPY_WG))
+}
+
+/// The copy shader's variants (the naga test compiles each).
+pub fn variants() -> Vec<Variant> {
+    ["copy", "stream"]
+        .into_iter()
+        .map(|entry| {
+            let k = PipelineKey::new(SHADER, entry).workgroup_size(COPY_WG);
+            Variant { shader: k.shader, entry: k.entry, defines: k.defines }
+        })
+        .collect()
+}
+
+/// Milliseconds from an arbitrary origin, on both targets.
+fn now_ms() -> f64 {
+    #[cfg(target_arch = "wasm32")]
+    {
+        js_sys::Date::now()
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use std::sync::OnceLock;
+        static T0: OnceLock<std::time::Instant> = OnceLock::new();
+        T0.get_or_init(std::time::Instant::now).elapsed().as_secs_f64() * 1e3
+    }
+}
+
+/// Time `iters` repetitions recorded by `record` in one submission, to the end of a readback of
+/// 4 bytes of `sync` (which the work writes). Returns seconds for all of them.
+async fn time_batch(
+    ctx: &GpuContext,
+    sync: &wgpu::Buffer,
+    iters: u32,
+    record: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>,
+) -> Result<f64> {
+    let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("bench") });
+    for _ in 0..iters {
+        record(&mut enc)?;
+    }
+    let cmd = enc.finish();
+    let t0 = now_ms();
+    ctx.submit([cmd]);
+    read_buffer(ctx, sync, 0, 4).await?;
+    Ok((now_ms() - t0) / 1e3)
+}
+
+/// Adaptive timing: a warm-up, a short run to estimate one repetition, then one run sized to
+/// `target_secs` (at least the short run's count, at most `max_iters`). Returns (iters, secs).
+async fn time_adaptive(
+    ctx: &GpuContext,
+    sync: &wgpu::Buffer,
+    target_secs: f64,
+    max_iters: u32,
+    record: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>,
+) -> Result<(u32, f64)> {
+    time_batch(ctx, sync, 1, record).await?;
+    let probe = 4.min(max_iters.max(1));
+    let secs = time_batch(ctx, sync, probe, record).await?;
+    let per = secs / probe as f64;
+    let iters = ((target_secs / per.max(1e-9)).ceil() as u64).clamp(probe as u64, max_iters.max(1) as u64) as u32;
+    if iters == probe {
+        return Ok((probe, secs));
+    }
+    Ok((iters, time_batch(ctx, sync, iters, record).await?))
+}
+
+/// A copy and a read of `bytes` (rounded down to 16, capped at the largest binding): GB/s of
+/// (read + written) bytes for the copy and of read bytes for the read.
+pub async fn bench_copy(ctx: &GpuContext, bytes: u64, target_secs: f64, max_iters: u32) -> Result<(f64, f64)> {
+    let bytes = (bytes.min(ctx.limits.max_binding()) / 16 * 16).max(16);
+    let n = u32::try_from(bytes / 16).map_err(|_| Error::invalid(format!("bench copy of {bytes} bytes is too large")))?;
+    // Non-zero data (a GPU may compress zeros): a 256 KiB pattern copied over the source.
+    let src = ctx.empty_storage("bench copy src", bytes)?;
+    let dst = ctx.empty_storage("bench copy dst", bytes)?;
+    let pattern: Vec<u32> = (0..(1u32 << 16)).map(|i| i.wrapping_mul(0x9E37_79B9) ^ (i >> 3) | 1).collect();
+    let seed = ctx.storage_buffer("bench copy pattern", bytemuck::cast_slice(&pattern));
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    let mut at = 0u64;
+    while at < bytes {
+        let len = (bytes - at).min(1 << 18);
+        enc.copy_buffer_to_buffer(&seed, 0, &src, at, len);
+        at += len;
+    }
+    ctx.submit([enc.finish()]);
+
+    let wg = ctx.limits.workgroup_size(COPY_WG);
+    let mut result = [0.0; 2];
+    for (i, entry) in ["copy", "stream"].into_iter().enumerate() {
+        let pipe = ctx.pipeline(&copy_key(ctx, entry))?;
+        let threads = if entry == "copy" { n } else { n.div_ceil(READ_PER_THREAD) };
+        let params = BenchCopyParams { n, per_thread: READ_PER_THREAD, threads, pad0: 0 };
+        let ubuf = ctx.uniform_buffer_owned("bench copy params", &params);
+        let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(entry),
+            layout: &pipe.layout,
+            entries: &[
+                wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: 1, resource: src.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: 2, resource: dst.as_entire_binding() },
+            ],
+        });
+        let grid = grid_2d((threads as u64).div_ceil(wg as u64), ctx.limits.max_compute_workgroups_per_dimension)?;
+        let record = |enc: &mut wgpu::CommandEncoder| -> Result<()> {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
+            pass.set_pipeline(&pipe.pipeline);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+            Ok(())
+        };
+        let (iters, secs) = time_adaptive(ctx, &dst, target_secs, max_iters, &record).await?;
+        let moved = if entry == "copy" { 2 * bytes } else { bytes };
+        result[i] = moved as f64 * iters as f64 / secs / 1e9;
+    }
+    Ok((result[0], result[1]))
+}
+
+/// One GEMV entry: `ty` weights of `shape` (a prefix of `gguf`, valid blocks of `ty`) in kernel
+/// shape `cfg` (or the engine's choice). Returns the row without the copy columns.
+async fn bench_one(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    shape: Shape,
+    gguf: &[u8],
+    cfg: Option<MatmulConfig>,
+    opts: &BenchOptions,
+) -> Result<BenchRow> {
+    let row_bytes = ty.row_bytes(shape.cols).unwrap_or(0) as usize;
+    let w = upload_tensor(ctx, shape.name, ty, shape.cols, shape.rows, &gguf[..row_bytes * shape.rows as usize], ctx.limits.max_binding())?;
+    let cfg = cfg.unwrap_or_else(|| MatmulConfig::gemv_for(ctx, ty, shape.cols)).fit(ctx);
+    let xs: Vec<f32> = (0..shape.cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+    let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&xs));
+    let y = ctx.empty_storage("bench y", shape.rows * 4)?;
+    let record = |enc: &mut wgpu::CommandEncoder| matmul::matmul(ctx, enc, cfg, &w, &x, 0, &y, 0, 1);
+    let (iters, secs) = time_adaptive(ctx, &y, opts.target_secs, opts.max_iters, &record).await?;
+    let bytes = w.gpu_bytes();
+    Ok(BenchRow {
+        ty: ty.name().to_string(),
+        shape: shape.name.to_string(),
+        rows: shape.rows,
+        cols: shape.cols,
+        config: cfg.to_string(),
+        weight_bytes: bytes,
+        iters,
+        us_per_gemv: secs / iters as f64 * 1e6,
+        gemv_gb_s: bytes as f64 * iters as f64 / secs / 1e9,
+        copy_gb_s: 0.0,
+        read_gb_s: 0.0,
+        ratio: 0.0,
+    })
+}
+
+/// Run the table, handing each row to `on_row` as it is measured (the CLI prints as it goes).
+pub async fn run(ctx: &GpuContext, opts: &BenchOptions, on_row: &mut dyn FnMut(&BenchRow)) -> Result<Vec<BenchRow>> {
+    let mut rows = Vec::new();
+    // Copy references by byte count (rounded to 1 KiB: the same size class measures the same).
+    let mut copies: HashMap<u64, (f64, f64)> = HashMap::new();
+    for &ty in &opts.types {
+        // One pool of valid blocks per type, as large as the largest shape: every shape's GGUF
+        // bytes are a prefix of it (blocks do not depend on the row length).
+        let most = opts.shapes.iter().filter(|s| s.cols % ty.block_elems() == 0).map(|s| ty.row_bytes(s.cols).unwrap_or(0) * s.rows).max().unwrap_or(0);
+        let values = most / ty.block_bytes().max(1) * ty.block_elems();
+        let gguf = synthetic_rows(ty, values, 1, ty.id() as u64 + 7);
+        // A shape whose rows are not whole blocks of `ty` cannot hold it (Gemma's 640 columns
+        // and the 256-value K-quant blocks): models store such tensors in another type.
+        for &shape in opts.shapes.iter().filter(|s| s.cols % ty.block_elems() == 0) {
+            let configs: Vec<Option<MatmulConfig>> = match &opts.configs {
+                Some(c) => c.iter().copied().map(Some).collect(),
+                None => vec![None],
+            };
+            for cfg in configs {
+                let mut row = bench_one(ctx, ty, shape, &gguf, cfg, opts).await?;
+                let key = row.weight_bytes.div_ceil(1024);
+                let (copy, read) = match copies.get(&key) {
+                    Some(&c) => c,
+                    None => {
+                        let c = bench_copy(ctx, row.weight_bytes, opts.target_secs, opts.max_iters).await?;
+                        copies.insert(key, c);
+                        c
+                    }
+                };
+                row.copy_gb_s = copy;
+                row.read_gb_s = read;
+                row.ratio = row.gemv_gb_s / copy;
+                on_row(&row);
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
+}
