@@ -21,6 +21,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("glu.wgsl", include_str!("../../shaders/glu.wgsl")),
     ("elementwise.wgsl", include_str!("../../shaders/elementwise.wgsl")),
     ("attention.wgsl", include_str!("../../shaders/attention.wgsl")),
+    ("attention_split.wgsl", include_str!("../../shaders/attention_split.wgsl")),
     ("bench_copy.wgsl", include_str!("../../shaders/bench_copy.wgsl")),
 ];
 

@@ -3,6 +3,7 @@
 
 pub mod argmax;
 pub mod attention;
+pub mod attention_split;
 pub mod elementwise;
 pub mod embed;
 pub mod gemm;
@@ -51,6 +52,7 @@ pub fn all_variants() -> Vec<Variant> {
     v.extend(glu::variants());
     v.extend(elementwise::variants());
     v.extend(attention::variants());
+    v.extend(attention_split::variants());
     v
 }
 
@@ -70,6 +72,7 @@ pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usiz
         entry::<elementwise::ElementwiseParams>(),
     ]);
     v.push(entry::<attention::AttentionParams>());
+    v.push(entry::<attention_split::SplitParams>());
     v.push(entry::<gemm::GemmParams>());
     v.push(entry::<matmul_bench::BenchCopyParams>());
     v
