@@ -121,6 +121,12 @@ impl KvCache {
         Ok(())
     }
 
+    /// Forget the last `n` cells (their contents are overwritten when used again).
+    pub fn rewind(&mut self, n: u32) -> Result<()> {
+        self.n_past = self.n_past.checked_sub(n).ok_or_else(|| Error::internal(format!("rewind {n} cells of {}", self.n_past)))?;
+        Ok(())
+    }
+
     /// Forget every cell.
     pub fn clear(&mut self) {
         self.n_past = 0;

@@ -182,3 +182,58 @@ async fn generation_past_context() {
     assert!(text.split_whitespace().count() >= 8, "not sensible text: {text:?}");
 }
 gpu_test!(gemma3_generation_past_the_context_shifts_and_continues, generation_past_context());
+
+/// Greedy steps chained on the GPU (each argmax feeding the next step's embedding, ids read back
+/// in batches) give the ids of step-by-step decoding; a stop in the middle of a chain rewinds
+/// the steps run ahead, so the session holds exactly the tokens handed out and continues as
+/// the step-by-step session does.
+async fn chained_matches_step_by_step() {
+    let ctx = common::context().await;
+    let weights = load(&ctx).await;
+    let tok = Tokenizer::from_gguf(&weights.header).unwrap();
+    let model = Model::new(&ctx, weights).await.unwrap();
+    let (ctx, model, tok) = (Arc::new(ctx), Arc::new(model), Arc::new(tok));
+    let prompt = tok.encode("The capital of France is", true, false);
+    let opts = |max_tokens| cera_web::generate::session::GenerateOptions { max_tokens, stop: vec![], sampler: SamplerParams::greedy() };
+    // Chained: stop (abort) after 3 of a chain of up to 7 steps, then go on for 4 more.
+    let mut chained = Session::new(ctx.clone(), model.clone(), tok.clone(), SessionOptions { n_ctx: 64, ..Default::default() }).unwrap();
+    let mut got = Vec::new();
+    chained
+        .generate(&prompt, &opts(8), &mut |id, _| {
+            got.push(id);
+            got.len() < 3
+        })
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 3);
+    assert_eq!(chained.n_past() as usize, prompt.len() + 2, "steps run ahead of the stop were not rewound");
+    chained.generate(&[], &opts(4), &mut |id, _| {
+        got.push(id);
+        true
+    })
+    .await
+    .unwrap();
+    // One readback per token, the same calls.
+    let mut plain = Session::new(ctx.clone(), model.clone(), tok.clone(), SessionOptions { n_ctx: 64, chain: false, ..Default::default() }).unwrap();
+    let mut want = Vec::new();
+    plain
+        .generate(&prompt, &opts(8), &mut |id, _| {
+            want.push(id);
+            want.len() < 3
+        })
+        .await
+        .unwrap();
+    plain.generate(&[], &opts(4), &mut |id, _| {
+        want.push(id);
+        true
+    })
+    .await
+    .unwrap();
+    tlog!("chained {got:?}, step by step {want:?}");
+    assert_eq!(got, want, "chained greedy decoding differs from step-by-step");
+    assert_eq!(chained.tokens(), plain.tokens());
+    assert_eq!(chained.n_past(), plain.n_past());
+    // The first three are llama.cpp's greedy continuation (its fixture: " the capital of").
+    assert_eq!(&got[..3], &[506, 5279, 529]);
+}
+gpu_test!(gemma3_chained_greedy_matches_step_by_step_and_rewinds, chained_matches_step_by_step());

@@ -34,6 +34,10 @@ pub struct BenchReport {
     pub submits_per_token: f64,
     /// Dispatches of the prepared decode forward pass, by op kind.
     pub decode_plan: Vec<(String, usize)>,
+    /// With `--profile`: GPU time per op kind of one decode step after the bench (timestamp
+    /// queries, one pass per dispatch), and its total.
+    pub profile: Option<Vec<crate::gpu::profile::KindTime>>,
+    pub profile_total_us: Option<f64>,
 }
 
 const TEXT: &str = "The history of the printing press begins in the fifteenth century, when movable type \
@@ -46,7 +50,15 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-pub async fn run(ctx: &Arc<GpuContext>, model: &Arc<Model>, tok: &Arc<Tokenizer>, n_prompt: u32, n_gen: u32, runs: u32) -> Result<BenchReport> {
+pub async fn run(
+    ctx: &Arc<GpuContext>,
+    model: &Arc<Model>,
+    tok: &Arc<Tokenizer>,
+    n_prompt: u32,
+    n_gen: u32,
+    runs: u32,
+    profile: bool,
+) -> Result<BenchReport> {
     let mut prompt = tok.encode(TEXT, true, false);
     let body: Vec<u32> = prompt[1..].to_vec();
     while prompt.len() < n_prompt as usize {
@@ -80,6 +92,8 @@ pub async fn run(ctx: &Arc<GpuContext>, model: &Arc<Model>, tok: &Arc<Tokenizer>
     let head_ms = head_gemv_ms(ctx, model).await?;
     let steps = (n_gen.max(2) - 1) as f64;
     let plan = session.decode_plan_kinds()?;
+    let profile = if profile { Some(session.profile_decode().await?) } else { None };
+    let profile_total_us = profile.as_ref().map(|p| p.iter().map(|k| k.us).sum());
     Ok(BenchReport {
         adapter: ctx.adapter.name.clone(),
         backend: ctx.adapter.backend.clone(),
@@ -97,6 +111,8 @@ pub async fn run(ctx: &Arc<GpuContext>, model: &Arc<Model>, tok: &Arc<Tokenizer>
         passes_per_token: per_token.passes as f64 / steps,
         submits_per_token: per_token.submits as f64 / steps,
         decode_plan: plan.into_iter().map(|(k, n)| (k.to_string(), n)).collect(),
+        profile,
+        profile_total_us,
     })
 }
 

@@ -85,7 +85,7 @@ impl SamplerParams {
         self.temperature <= 0.0
     }
 
-    fn penalties_active(&self) -> bool {
+    pub fn penalties_active(&self) -> bool {
         self.penalty_last_n != 0 && is_active(self.repeat_penalty, self.frequency_penalty, self.presence_penalty)
     }
 }
@@ -344,6 +344,54 @@ impl Sampler {
         Ok(())
     }
 
+    /// Whether the next token can be chosen without the CPU: greedy with no penalties (the
+    /// argmax needs nothing but the logits), so steps can be chained on the GPU.
+    pub fn chains_on_gpu(&self) -> bool {
+        self.params.is_greedy() && !self.params.penalties_active()
+    }
+
+    /// A greedy step kept on the GPU: after `before` (the forward pass writing `logits`) in the
+    /// same compute pass, the argmax; then its index is copied to `next_id` (buffer, byte offset:
+    /// where the next step's embedding reads its token) and its `(value bits, index)` pair to
+    /// `ring` (buffer, byte offset) for a readback of several steps at once. Nothing is read
+    /// back here and nothing is accepted: the caller accepts the ids it reads.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encode_chained(
+        &mut self,
+        ctx: &GpuContext,
+        encoder: &mut wgpu::CommandEncoder,
+        logits: &wgpu::Buffer,
+        n_vocab: u32,
+        before: impl FnOnce(&mut wgpu::ComputePass<'_>),
+        next_id: (&wgpu::Buffer, u64),
+        ring: (&wgpu::Buffer, u64),
+    ) -> Result<()> {
+        if !self.chains_on_gpu() {
+            return Err(Error::internal("encode_chained needs greedy sampling without penalties"));
+        }
+        let g = self.state(ctx, logits, n_vocab)?;
+        if g.argmax.is_none() {
+            g.argmax = Some(Argmax::new(ctx, logits, n_vocab)?);
+        }
+        let a = g.argmax.as_ref().expect("built");
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward + argmax"), timestamp_writes: None });
+            before(&mut pass);
+            a.encode_pass(&mut pass);
+            ctx.count_recorded(1, a.stages() as u64);
+        }
+        encoder.copy_buffer_to_buffer(a.result(), Argmax::INDEX_OFFSET, next_id.0, next_id.1, 4);
+        encoder.copy_buffer_to_buffer(a.result(), 0, ring.0, ring.1, 8);
+        Ok(())
+    }
+
+    /// Forget the last `n` accepted tokens (generation rewound past them).
+    pub fn unaccept(&mut self, n: usize) {
+        for _ in 0..n.min(self.history.len()) {
+            self.history.pop_back();
+        }
+    }
+
     /// After the encoder from [`Sampler::encode`] was submitted: read back, pick, accept.
     pub async fn finish(&mut self, ctx: &GpuContext) -> Result<u32> {
         let g = self.gpu.as_mut().ok_or_else(|| Error::internal("Sampler::finish without encode"))?;
@@ -383,7 +431,7 @@ impl Sampler {
 
 /// Map the first `len` bytes of a `MAP_READ` buffer whose copy was submitted, and copy them out.
 /// (`gpu::read_buffer` adds its own copy and submit; here the copy rode in the token's encoder.)
-async fn map_read(ctx: &GpuContext, staging: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
+pub(crate) async fn map_read(ctx: &GpuContext, staging: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
     let (tx, rx) = futures_channel::oneshot::channel();
     staging.slice(..len).map_async(wgpu::MapMode::Read, move |r| {
         let _ = tx.send(r);

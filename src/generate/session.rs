@@ -17,6 +17,12 @@ use super::sampler::{Sampler, SamplerParams};
 /// Prepared forward passes a session keeps (decode, the prefill batch, a few tails).
 const MAX_PLANS: usize = 8;
 
+/// Greedy steps chained on the GPU before one readback. Each step's token goes from its argmax
+/// straight into the next step's embedding, so the CPU encodes and submits ahead of the GPU and
+/// reads the ids of up to this many steps at once; a stop found among them rewinds the extra
+/// steps (their cache cells are simply reused).
+pub const CHAIN: u32 = 16;
+
 /// How a session uses its context.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
@@ -30,11 +36,13 @@ pub struct SessionOptions {
     pub context_shift: bool,
     /// Prefill batch size.
     pub batch: u32,
+    /// Chain greedy decode steps on the GPU ([`CHAIN`]); off: one readback per token.
+    pub chain: bool,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { n_ctx: 2048, n_keep: 0, n_discard: None, context_shift: true, batch: 64 }
+        SessionOptions { n_ctx: 2048, n_keep: 0, n_discard: None, context_shift: true, batch: 64, chain: true }
     }
 }
 
@@ -71,6 +79,8 @@ pub struct Session {
     have_logits: bool,
     /// Forward passes prepared for this session's workspace and cache ([`Session::plan_for`]).
     plans: Vec<ForwardPlan>,
+    /// Readback ring of chained greedy steps: `(value bits, index)` per step ([`CHAIN`] slots).
+    ring: Option<wgpu::Buffer>,
     pub shifts: u32,
 }
 
@@ -82,7 +92,7 @@ impl Session {
         let kv = model.new_kv_cache(&ctx, opts.n_ctx)?;
         let batch = opts.batch.clamp(1, opts.n_ctx);
         let ws = model.workspace(&ctx, batch, 1)?;
-        Ok(Session { ctx, model, tok, opts, kv, ws, tokens: Vec::new(), have_logits: false, plans: Vec::new(), shifts: 0 })
+        Ok(Session { ctx, model, tok, opts, kv, ws, tokens: Vec::new(), have_logits: false, plans: Vec::new(), ring: None, shifts: 0 })
     }
 
     pub fn n_past(&self) -> u32 {
@@ -187,6 +197,19 @@ impl Session {
         Ok(self.plans.len() - 1)
     }
 
+    /// GPU time of each op kind in one decode step at the current position (timestamp queries,
+    /// one pass per dispatch): feeds the last token again without keeping its cell.
+    pub async fn profile_decode(&mut self) -> Result<Vec<crate::gpu::profile::KindTime>> {
+        let last = *self.tokens.last().ok_or_else(|| Error::invalid("profile: feed tokens first"))?;
+        self.ensure_room(1)?;
+        let pos0 = self.kv.n_past();
+        let i = self.plan_for(1, pos0 + 1)?;
+        self.ws.step.write(&self.ctx, pos0, &[last]);
+        let prepared = self.plans[i].prepared();
+        let us = crate::gpu::profile::time_dispatches(&self.ctx, prepared).await?;
+        Ok(crate::gpu::profile::by_kind(prepared, &us))
+    }
+
     /// Dispatches of the prepared one-token (decode) forward pass, by op kind.
     pub fn decode_plan_kinds(&mut self) -> Result<Vec<(&'static str, usize)>> {
         let end = self.kv.n_past().max(1).min(self.kv.n_ctx());
@@ -230,6 +253,72 @@ impl Session {
         sampler.finish(&self.ctx).await
     }
 
+    /// Forget the last `n` tokens fed (their cells are reused); the logits no longer match.
+    pub fn rewind(&mut self, n: u32) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.kv.rewind(n)?;
+        self.tokens.truncate(self.tokens.len() - n as usize);
+        self.have_logits = false;
+        Ok(())
+    }
+
+    /// Steps [`Session::decode_chained`] may take now: at most `want`, [`CHAIN`], and the cells
+    /// left before the context would shift (a shift needs the tokens on the CPU).
+    fn chain_len(&self, want: u32) -> u32 {
+        want.min(CHAIN).min(self.opts.n_ctx - self.kv.n_past())
+    }
+
+    /// Greedy decoding of `k` steps kept on the GPU, from `first` (a token not yet fed): each
+    /// step's argmax is the next step's input, every step is submitted without waiting, and the
+    /// `k` ids are read back once. Returns the sampled ids in order (accepted into `sampler`);
+    /// the session has then fed `first` and all but the last of them.
+    pub async fn decode_chained(&mut self, first: u32, k: u32, sampler: &mut Sampler) -> Result<Vec<u32>> {
+        if k == 0 || k > CHAIN || self.kv.n_past() + k > self.opts.n_ctx {
+            return Err(Error::internal(format!("decode_chained: {k} steps at {} of {}", self.kv.n_past(), self.opts.n_ctx)));
+        }
+        if first >= self.model.hp.n_vocab {
+            return Err(Error::invalid(format!("token id {first} is outside the vocabulary of {}", self.model.hp.n_vocab)));
+        }
+        if self.ring.is_none() {
+            self.ring = Some(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("chained ids"),
+                size: CHAIN as u64 * 8,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let n_vocab = self.model.hp.n_vocab;
+        for i in 0..k {
+            let pos0 = self.kv.n_past();
+            let plan = self.plan_for(1, pos0 + 1)?;
+            if i == 0 {
+                self.ws.step.write(&self.ctx, pos0, &[first]);
+            } else {
+                self.ws.step.write_positions(&self.ctx, pos0, 1);
+            }
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            let (model, ctx, plan) = (&self.model, &self.ctx, &self.plans[plan]);
+            let next_id = (&self.ws.step.buffer, crate::gpu::Step::IDS_OFFSET * 4);
+            let ring = (self.ring.as_ref().expect("made above"), i as u64 * 8);
+            sampler.encode_chained(ctx, &mut enc, &self.ws.logits, n_vocab, |pass| model.record_plan(ctx, pass, plan), next_id, ring)?;
+            self.ctx.submit([enc.finish()]);
+            self.kv.advance(1)?;
+        }
+        let bytes = super::sampler::map_read(&self.ctx, self.ring.as_ref().expect("made above"), k as u64 * 8).await?;
+        let ids: Vec<u32> = bytes.chunks_exact(8).map(|c| u32::from_le_bytes([c[4], c[5], c[6], c[7]])).collect();
+        if let Some(pos) = ids.iter().position(|&t| t >= n_vocab) {
+            return Err(Error::new(ErrorCode::Internal, format!("no token to sample at chained step {pos}: the logits are all NaN")));
+        }
+        // The inputs fed: `first`, then every id but the last.
+        self.tokens.push(first);
+        self.tokens.extend_from_slice(&ids[..ids.len() - 1]);
+        self.have_logits = true;
+        sampler.accept_all(&ids);
+        Ok(ids)
+    }
+
     /// The logits after the last token (reads back the whole vocabulary: tests and `score`).
     pub async fn logits(&self) -> Result<Vec<f32>> {
         if !self.have_logits {
@@ -241,6 +330,11 @@ impl Session {
     /// Sample the next token from the current logits.
     pub async fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
         if !self.have_logits {
+            // A rewind left the logits of a later step: feed the last token again.
+            if let Some(last) = self.tokens.pop() {
+                self.kv.rewind(1)?;
+                return Box::pin(self.step(&[last], sampler)).await;
+            }
             return Err(Error::invalid("no logits yet: feed tokens first"));
         }
         sampler.sample_logits(&self.ctx, &self.ws.logits, self.model.hp.n_vocab).await
@@ -277,30 +371,50 @@ impl Session {
         let mut stop = StopScanner::new(&opts.stop);
         let mut t_first = None;
         let mut input: Vec<u32> = prompt.to_vec();
+        // Ids sampled ahead by a chained greedy run, not yet handed out.
+        let mut ahead: std::collections::VecDeque<u32> = std::collections::VecDeque::new();
         let finish;
         loop {
-            // The sampler accepts what it samples into its penalty history.
-            let id = self.step(&input, &mut sampler).await?;
+            let id = match ahead.pop_front() {
+                Some(id) => id,
+                None => {
+                    let left = if opts.max_tokens > 0 { opts.max_tokens - stats.generated_tokens } else { CHAIN };
+                    let k = if self.opts.chain && sampler.chains_on_gpu() && input.len() == 1 { self.chain_len(left) } else { 0 };
+                    if k > 1 {
+                        let ids = self.decode_chained(input[0], k, &mut sampler).await?;
+                        ahead.extend(&ids[1..]);
+                        ids[0]
+                    } else {
+                        // The sampler accepts what it samples into its penalty history.
+                        self.step(&input, &mut sampler).await?
+                    }
+                }
+            };
             if t_first.is_none() {
                 t_first = Some(now_s());
             }
-            if self.tok.is_eog(id) {
-                finish = "stop";
-                break;
-            }
-            stats.generated_tokens += 1;
-            let piece = detok.push(id);
-            let (text, hit) = stop.push(&piece);
-            if !on_token(id, &text) {
-                finish = "aborted";
-                break;
-            }
-            if hit {
-                finish = "stop";
-                break;
-            }
-            if opts.max_tokens > 0 && stats.generated_tokens >= opts.max_tokens {
-                finish = "length";
+            let stop_reason = if self.tok.is_eog(id) {
+                Some("stop")
+            } else {
+                stats.generated_tokens += 1;
+                let piece = detok.push(id);
+                let (text, hit) = stop.push(&piece);
+                if !on_token(id, &text) {
+                    Some("aborted")
+                } else if hit {
+                    Some("stop")
+                } else if opts.max_tokens > 0 && stats.generated_tokens >= opts.max_tokens {
+                    Some("length")
+                } else {
+                    None
+                }
+            };
+            if let Some(reason) = stop_reason {
+                finish = reason;
+                // Steps run ahead of the stop fed tokens that were never handed out: forget them.
+                let extra = ahead.len() as u32;
+                sampler.unaccept(ahead.len());
+                self.rewind(extra)?;
                 break;
             }
             input = vec![id];

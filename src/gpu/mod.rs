@@ -12,6 +12,7 @@ pub mod context;
 pub mod dispatch;
 pub mod pipeline;
 pub mod plan;
+pub mod profile;
 pub mod preprocess;
 pub mod readback;
 pub mod shaders;

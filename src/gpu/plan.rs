@@ -181,6 +181,12 @@ impl Step {
         Ok(Step { buffer, max_tokens })
     }
 
+    /// Queue the step's positions alone: the token ids are already in the buffer (a previous
+    /// step's sampler wrote them on the GPU).
+    pub fn write_positions(&self, ctx: &GpuContext, pos0: u32, n_tokens: u32) {
+        ctx.queue.write_buffer(&self.buffer, 0, bytemuck::bytes_of(&StepState::new(pos0, n_tokens)));
+    }
+
     /// Queue the step's positions and token ids (lands before the next submission's work).
     pub fn write(&self, ctx: &GpuContext, pos0: u32, tokens: &[u32]) {
         let state = StepState::new(pos0, tokens.len() as u32);

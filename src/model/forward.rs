@@ -305,9 +305,15 @@ impl Model {
             return Err(Error::invalid(format!("token id {bad} is outside the vocabulary of {}", self.hp.n_vocab)));
         }
         ws.step.write(ctx, pos0, tokens);
+        self.record_plan(ctx, pass, plan);
+        Ok(())
+    }
+
+    /// Record a prepared forward pass whose step buffer is already set (positions written,
+    /// token ids written by the CPU or by the previous step on the GPU).
+    pub fn record_plan(&self, ctx: &GpuContext, pass: &mut wgpu::ComputePass<'_>, plan: &ForwardPlan) {
         plan.prepared.record(pass);
         ctx.count_recorded(0, plan.dispatches() as u64);
-        Ok(())
     }
 
     /// Prepare the forward pass of a batch of `n` tokens once: every dispatch with its bind group,
@@ -323,6 +329,10 @@ impl Model {
         }
         let max_cells = max_cells.clamp(n, kv.n_ctx());
         let step = &ws.step.buffer;
+        // The split attention kernel's scratch, sized for this plan's cells (at most the cache's
+        // n_ctx): allocated here, not in the workspace, because only a plan knows its cells, and
+        // held by the plan whose dispatches bind it.
+        let attn_scratch = kernels::attention_scratch(ctx, hp, n, max_cells)?;
         let mut rec = Recorder::new(ctx);
         let (e, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
 
@@ -349,7 +359,7 @@ impl Model {
             kernels::qk_rope(&mut rec, rope_table, hp, ws, kv, l, n, qk_norm, step)?;
             // Attention over the cache (causal, sliding window on SWA layers).     (n, q_dim)
             let window = if hp.is_swa(l as u32) { hp.sliding_window } else { 0 };
-            kernels::attention(&mut rec, hp, &ws.q, kv.k(l), kv.v(l), &ws.att, n, window, step, max_cells)?;
+            kernels::attention(&mut rec, hp, &ws.q, kv.k(l), kv.v(l), &ws.att, n, window, step, max_cells, attn_scratch.as_ref())?;
             kernels::matmul(&mut rec, self.w(&layer.o), &ws.att, &ws.o, n)?;
             // x += post_norm(o) * residual_scale;  h = norm(x)                   one dispatch
             let post = layer.post_attn_norm.as_ref().map(|w| self.w(w));
@@ -379,7 +389,7 @@ impl Model {
             let lr = if rows == LogitRows::Last { 1 } else { n };
             kernels::scale(&mut rec, &ws.logits, 1.0 / hp.logit_scale, lr * hp.n_vocab)?;
         }
-        Ok(ForwardPlan { n_tokens: n, rows, max_cells, prepared: rec.finish() })
+        Ok(ForwardPlan { n_tokens: n, rows, max_cells, prepared: rec.finish(), _attn_scratch: attn_scratch })
     }
 }
 
@@ -390,9 +400,16 @@ pub struct ForwardPlan {
     /// The plan serves steps with `pos0 + n_tokens <= max_cells`.
     pub max_cells: u32,
     prepared: Prepared,
+    /// Bound by the split attention dispatches (decode on GPUs), kept as long as they are.
+    _attn_scratch: Option<wgpu::Buffer>,
 }
 
 impl ForwardPlan {
+    /// The prepared dispatches (for profiling).
+    pub fn prepared(&self) -> &Prepared {
+        &self.prepared
+    }
+
     /// Dispatches one run records.
     pub fn dispatches(&self) -> usize {
         self.prepared.count()

@@ -3,13 +3,13 @@
 //! prepares its dispatches on a [`Recorder`] (once per plan).
 
 use crate::error::Result;
-use crate::gpu::{GpuTensor, Recorder};
+use crate::gpu::{GpuContext, GpuTensor, Recorder};
 use crate::model::HParams;
 use crate::ops::elementwise::{self, View};
 use crate::ops::rope::RopeTable;
 use crate::kv::KvCache;
 use crate::model::Workspace;
-use crate::ops::{attention, glu, matmul, qk_rope, rmsnorm};
+use crate::ops::{attention, attention_split, glu, matmul, qk_rope, rmsnorm};
 
 /// `out (rows, len) = rmsnorm(x) * w` (in place when `out` is `x`).
 #[allow(clippy::too_many_arguments)]
@@ -71,7 +71,8 @@ pub fn qk_rope(
 }
 
 /// `out (n, n_head, head_dim) = softmax(q K^T * scale + mask) V` over the cache, at the step's
-/// positions, for runs attending to at most `max_cells` cells.
+/// positions, for runs attending to at most `max_cells` cells. With `scratch` (see
+/// [`attention_scratch`]) the split (flash-decoding) kernel, else the one-workgroup-per-head one.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     rec: &mut Recorder,
@@ -84,10 +85,43 @@ pub fn attention(
     window: u32,
     step: &wgpu::Buffer,
     max_cells: u32,
+    scratch: Option<&wgpu::Buffer>,
 ) -> Result<()> {
-    let p = attention::AttentionParams::new(n, hp.n_head, hp.n_head_kv, hp.head_dim, 0, window, hp.attention_scale, 0.0);
-    let cfg = attention::AttentionConfig::for_device(rec.ctx);
-    attention::prepare(rec, cfg, &p, q, k_cache, v_cache, out, step, max_cells as u64)
+    let p = attention_params(hp, n, window);
+    match scratch {
+        Some(s) => {
+            let cfg = attention_split::SplitConfig::for_device(rec.ctx);
+            attention_split::prepare(rec, cfg, &p, q, k_cache, v_cache, out, s, step, max_cells as u64)
+        }
+        None => {
+            let cfg = attention::AttentionConfig::for_device(rec.ctx);
+            attention::prepare(rec, cfg, &p, q, k_cache, v_cache, out, step, max_cells as u64)
+        }
+    }
+}
+
+fn attention_params(hp: &HParams, n: u32, window: u32) -> attention::AttentionParams {
+    attention::AttentionParams::new(n, hp.n_head, hp.n_head_kv, hp.head_dim, 0, window, hp.attention_scale, 0.0)
+}
+
+/// The scratch of the split attention kernel for a plan of `n` tokens over at most `max_cells`
+/// cells, or `None` where the plan uses the one-workgroup-per-head kernel.
+///
+/// The split kernel serves decode (`n == 1`), where a workgroup per head leaves a GPU idle
+/// (Gemma 3 270M: 4 workgroups walking the whole cache), on GPUs. Prefill batches already have
+/// `n * n_head` workgroups. CPU adapters keep the one-workgroup-per-head kernel: on lavapipe
+/// the split one measured about even at 700 cells and faster only at 4000 (tests/attention_split.rs,
+/// `timing_old_vs_split`), and it adds a dispatch per layer.
+///
+/// One scratch serves every layer of a plan: the layers' attention dispatches run one after the
+/// other in the pass, and the window does not change its size.
+pub fn attention_scratch(ctx: &GpuContext, hp: &HParams, n: u32, max_cells: u32) -> Result<Option<wgpu::Buffer>> {
+    if n != 1 || (matmul::is_cpu_adapter(ctx) && std::env::var("CERA_FORCE_SPLIT").is_err()) {
+        return Ok(None);
+    }
+    let cfg = attention_split::SplitConfig::for_device(ctx);
+    let bytes = attention_split::scratch_bytes(&attention_params(hp, n, 0), cfg, max_cells as u64);
+    Ok(Some(ctx.empty_storage("attention split scratch", bytes)?))
 }
 
 /// `gate (count) = act(gate) * up`.

@@ -20,7 +20,7 @@ pub fn usage() -> &'static str {
      \x20             [--repeat-penalty R] [--seed S] [--ctx N] [--n-keep N] [--chat] [--json]\n\
      cera tokenize --model M.gguf --text TEXT\n\
      cera score    --model M.gguf --tokens 2,818,5279,...\n\
-     cera bench    --model M.gguf [--prompt-tokens 256] [--gen-tokens 128] [--runs 3]"
+     cera bench    --model M.gguf [--prompt-tokens 256] [--gen-tokens 128] [--runs 3] [--profile]"
 }
 
 /// `--name value` pairs and bare `--flag`s.
@@ -35,7 +35,7 @@ impl Flags {
             let Some(name) = a.strip_prefix("--") else {
                 return Err(Error::invalid(format!("unexpected argument {a:?}\n{}", usage())));
             };
-            let bare = matches!(name, "chat" | "json");
+            let bare = matches!(name, "chat" | "json" | "profile");
             if bare {
                 m.insert(name.to_string(), String::new());
                 i += 1;
@@ -153,7 +153,8 @@ pub fn bench(f: &Flags) -> Result<()> {
     let n_prompt = f.num("prompt-tokens", 256u32)?;
     let n_gen = f.num("gen-tokens", 128u32)?;
     let runs = f.num("runs", 3u32)?.max(1);
-    let report = pollster::block_on(cera_web::generate::bench::run(&ctx, &model, &tok, n_prompt, n_gen, runs))?;
+    let profile = f.has("profile");
+    let report = pollster::block_on(cera_web::generate::bench::run(&ctx, &model, &tok, n_prompt, n_gen, runs, profile))?;
     println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
     Ok(())
 }
