@@ -570,9 +570,9 @@ async fn load_on(
         n_ctx,
         n_keep: opts.n_keep.unwrap_or(defaults.n_keep),
         n_discard: opts.n_discard.or(defaults.n_discard),
+        context_shift: opts.context_shift.unwrap_or(defaults.context_shift),
         batch: opts.batch_size.unwrap_or(defaults.batch),
         chain: defaults.chain,
-        batch: opts.batch_size.unwrap_or(defaults.batch),
     };
     let session = Session::new(ctx.clone(), model.clone(), tok.clone(), sopts.clone())?;
     ctx.check_errors()?;
