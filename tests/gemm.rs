@@ -48,6 +48,7 @@ fn tiles(ctx: &GpuContext) -> Vec<GemmConfig> {
         GemmConfig::TILE_128X128,
         GemmConfig::TILE_128X64,
         GemmConfig::TILE_64X64,
+        GemmConfig::TILE_64X32,
         GemmConfig::TILE_64X64_BK16,
         GemmConfig::CPU,
         GemmConfig::new(128, 64, 32, 8, 4),

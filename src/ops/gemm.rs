@@ -103,8 +103,12 @@ impl GemmConfig {
     /// fastest tile on lavapipe from 16 to 64 tokens ([`use_gemm`] has the numbers).
     pub const CPU: GemmConfig = GemmConfig::new(32, 32, 32, 4, 4);
 
+    /// 64 x 32, 4 x 4 per thread, 128 threads, BK 32: 12 KiB. For small batches (32 to 64
+    /// tokens), where a 64-token tile would be half padding and its grid too small.
+    pub const TILE_64X32: GemmConfig = GemmConfig::new(64, 32, 32, 4, 4);
+
     /// The GPU tiles from largest to smallest: what [`Self::for_shape`] chooses from.
-    pub const GPU_TILES: [GemmConfig; 4] = [Self::TILE_128X128, Self::TILE_128X64, Self::TILE_64X64, Self::TILE_64X64_BK16];
+    pub const GPU_TILES: [GemmConfig; 4] = [Self::TILE_128X128, Self::TILE_128X64, Self::TILE_64X64, Self::TILE_64X32];
 
     /// Threads per workgroup.
     pub const fn workgroup_size(&self) -> u32 {
@@ -122,31 +126,38 @@ impl GemmConfig {
         if matmul::is_cpu_adapter(ctx) {
             return Self::CPU;
         }
-        Self::GPU_TILES.into_iter().find(|c| c.check(&ctx.limits).is_ok()).unwrap_or(Self::CPU)
+        Self::GPU_TILES.into_iter().find(|c| c.check(&ctx.limits).is_ok()).unwrap_or(Self::TILE_64X64_BK16)
     }
 
     /// The tile for a product of `rows` weight rows and `n_tokens` tokens: the largest GPU tile
-    /// whose grid still has [`Self::MIN_WORKGROUPS`] workgroups (the smallest that fits the device
-    /// otherwise). A larger tile reuses each load more, but a grid of fewer workgroups than the
-    /// GPU has cores leaves cores idle. Measured on an H200 (132 SMs), GFLOP/s, Q8_0:
+    /// whose grid still has [`Self::MIN_WORKGROUPS`] workgroups (else the one with the most). A
+    /// larger tile reuses each load more, but a grid of fewer workgroups than the GPU has cores
+    /// leaves cores idle. Measured on an H200 (132 SMs), GFLOP/s, Q8_0 (workgroups in brackets):
     ///
-    /// | rows x K, tokens | 128x128x16:8x8 | 128x64x16:8x4 | 64x64x32:4x4 |
-    /// | --- | --- | --- | --- |
-    /// | 4096 x 4096, 512 | **16,298** (128 workgroups) | 14,862 (256) | 10,687 (512) |
-    /// | 14336 x 4096, 512 | 16,887 (448) | **17,644** (896) | 12,772 (1792) |
-    /// | 4096 x 14336, 512 | **16,505** (128) | 15,392 (256) | 11,585 (512) |
-    /// | 1024 x 4096, 512 | 4,120 (32) | 5,731 (64) | **7,889** (128) |
-    /// | 2048 x 640, 256 | 4,086 (32) | 5,674 (64) | **7,769** (128) |
-    /// | 1024 x 640, 256 | 2,095 (16) | 2,953 (32) | **4,072** (64) |
+    /// | rows x K, tokens | 128x128x16:8x8 | 128x64x16:8x4 | 64x64x32:4x4 | 64x32x32:4x4 | matmul NT = 8 |
+    /// | --- | --- | --- | --- | --- | --- |
+    /// | 4096 x 4096, 512 | **16,298** (128) | 14,862 (256) | 10,687 (512) | | 3,529 |
+    /// | 14336 x 4096, 512 | 16,887 (448) | **17,644** (896) | 12,772 (1792) | | 3,652 |
+    /// | 4096 x 14336, 512 | **16,505** (128) | 15,392 (256) | 11,585 (512) | | 3,646 |
+    /// | 1024 x 4096, 512 | 4,120 (32) | 5,731 (64) | **7,889** (128) | | 3,228 |
+    /// | 2048 x 640, 256 | 4,086 (32) | 5,674 (64) | **7,769** (128) | | 2,486 |
+    /// | 1024 x 640, 256 | 2,095 (16) | 2,953 (32) | **4,072** (64) | | 1,689 |
+    /// | 4096 x 4096, 48 | | | 3,374 (64) | **3,788** (128) | 2,589 |
+    /// | 4096 x 4096, 32 | | | 2,362 (64) | **2,559** (128) | 2,336 |
     ///
-    /// (matmul's register kernel, NT = 8: 3,529, 3,652, 3,646, 3,228, 2,486, 1,689.)
+    /// Q4_K at 512 tokens is within 10 % of Q8_0 (14,459 with 128x128 on 4096 x 4096; matmul's
+    /// register kernel 1,941).
     pub fn for_shape(ctx: &GpuContext, rows: u64, n_tokens: u32) -> Self {
         if matmul::is_cpu_adapter(ctx) {
             return Self::CPU;
         }
         let fits: Vec<GemmConfig> = Self::GPU_TILES.into_iter().filter(|c| c.check(&ctx.limits).is_ok()).collect();
         let groups = |c: &GemmConfig| rows.div_ceil(c.bm as u64) * (n_tokens as u64).div_ceil(c.bn as u64);
-        fits.iter().copied().find(|c| groups(c) >= Self::MIN_WORKGROUPS).or(fits.last().copied()).unwrap_or(Self::CPU)
+        fits.iter()
+            .copied()
+            .find(|c| groups(c) >= Self::MIN_WORKGROUPS)
+            .or_else(|| fits.iter().copied().max_by_key(groups))
+            .unwrap_or(Self::TILE_64X64_BK16)
     }
 
     /// The grid [`Self::for_shape`] wants at least: about one workgroup per core of a big GPU.
@@ -204,22 +215,34 @@ impl std::str::FromStr for GemmConfig {
     }
 }
 
-/// Whether the tiled kernel is the faster choice for a batch of `n_tokens`.
+/// Whether the tiled kernel is the faster choice for a batch of `n_tokens` (else matmul's
+/// kernel: GEMV for one token, tokens in registers for a few).
 ///
-/// One token is a GEMV (matmul's cooperative kernel). On a real GPU the tile pays off from a
-/// few tokens: below 8, most of a 64-token tile would be padding. On a CPU-emulated adapter the
-/// crossover is later: measured on lavapipe (Mesa 22.3, 2 cores, under a load average of 3-4 from
-/// other builds, so best of 3 alternating samples), Q4_K 640 x 2048, GFLOP/s:
+/// Measured on an H200, Q8_0, GFLOP/s; gemm is the best of 64x64, 64x32 and 32x32 at 16 to 48
+/// tokens, 64x64 alone at 8 and 64:
+///
+/// | tokens | 4096 x 4096: gemm | matmul NT = 8 | 2048 x 640: gemm | matmul NT = 8 |
+/// | --- | --- | --- | --- | --- |
+/// | 8 | 649 | **1,051** | | |
+/// | 16 | 1,370 | **1,739** | **629** | 469 |
+/// | 32 | **2,559** | 2,336 | **1,178** | 836 |
+/// | 48 | **3,788** | 2,589 | **1,698** | 1,143 |
+/// | 64 | **4,095** | 2,966 | | |
+///
+/// On a CPU-emulated adapter the crossover is about the same: measured on lavapipe (Mesa 22.3,
+/// 2 cores, under a load average of 3-4 from other builds, so best of 3 alternating samples),
+/// Q4_K 640 x 2048, GFLOP/s:
 ///
 /// | tokens | matmul NT = 8, thread per row | gemm 32x32x32:4x4 | gemm 64x64x32:4x4 | gemm 128x64x16:8x4 |
 /// | --- | --- | --- | --- | --- |
-/// | 8 | 1.75 | 0.35 | 0.24 | 0.46 |
-/// | 16 | 1.77 | 1.83 | 1.21 | 1.31 |
-/// | 64 | 1.01 | 3.52 | 3.30 | 3.19 |
-/// | 256 | 0.75 | 1.71 | 2.17 | 2.55 |
-pub fn use_gemm(ctx: &GpuContext, n_tokens: u32) -> bool {
-    let from = if matmul::is_cpu_adapter(ctx) { 32 } else { 8 };
-    n_tokens >= from
+/// | 8 | **1.75** | 0.35 | 0.24 | 0.46 |
+/// | 16 | 1.77 | **1.83** | 1.21 | 1.31 |
+/// | 64 | 1.01 | **3.52** | 3.30 | 3.19 |
+/// | 256 | 0.75 | 1.71 | 2.17 | **2.55** |
+/// The crossover measured on both is the same, so the adapter is not consulted yet; it is a
+/// parameter so a device whose crossover differs can get its own without changing callers.
+pub fn use_gemm(_ctx: &GpuContext, n_tokens: u32) -> bool {
+    n_tokens >= 32
 }
 
 fn type_define(ty: GgmlType) -> Result<&'static str> {
@@ -265,11 +288,11 @@ pub fn variants() -> Vec<Variant> {
         GemmConfig::TILE_128X128,
         GemmConfig::TILE_128X64,
         GemmConfig::TILE_64X64,
+        GemmConfig::TILE_64X32,
         GemmConfig::TILE_64X64_BK16,
         GemmConfig::CPU,
         GemmConfig::new(128, 64, 32, 8, 4),
         GemmConfig::new(64, 128, 16, 4, 8),
-        GemmConfig::new(64, 32, 32, 4, 4),
         GemmConfig::new(16, 8, 8, 4, 4),
     ];
     let mut v = Vec::new();
@@ -465,7 +488,7 @@ mod tests {
     #[test]
     fn standard_tiles_fit_their_limits() {
         let min = webgpu_min();
-        for c in GemmConfig::GPU_TILES.into_iter().chain([GemmConfig::CPU]) {
+        for c in GemmConfig::GPU_TILES.into_iter().chain([GemmConfig::TILE_64X64_BK16, GemmConfig::CPU]) {
             assert!(c.check(&min).is_ok(), "{c} must fit WebGPU's minimum limits");
         }
         assert_eq!(GemmConfig::TILE_128X128.workgroup_size(), 256);

@@ -66,11 +66,11 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
                         GemmConfig::TILE_128X128,
                         GemmConfig::TILE_128X64,
                         GemmConfig::TILE_64X64,
+                        GemmConfig::TILE_64X32,
                         GemmConfig::TILE_64X64_BK16,
                         GemmConfig::CPU,
                         GemmConfig::new(128, 64, 32, 8, 4),
                         GemmConfig::new(64, 128, 16, 4, 8),
-                        GemmConfig::new(64, 32, 32, 4, 4),
                     ]
                     .into_iter()
                     .filter(|t| t.check(&ctx.limits).is_ok())
