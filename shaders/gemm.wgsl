@@ -10,8 +10,8 @@
 // Defines (chosen in src/ops/gemm.rs, which reads BM and BN back for the dispatch):
 //   TYPE_F32 | TYPE_F16 | TYPE_BF16 | TYPE_Q8_0 | TYPE_Q4_0 | TYPE_Q4_1 | TYPE_Q5_0 | TYPE_Q5_1 |
 //   TYPE_Q4_K | TYPE_Q5_K | TYPE_Q6_K: the weight type, in the GPU layout of src/quant/gpu.rs.
-//   BM, BN: the tile (multiples of 4 * (BM / TM) and 4 * (BN / TN)). BK: values of K per step
-//   (a multiple of 8). TM, TN: rows and tokens per thread, 4 or 8; TM8 / TN8 are set when 8.
+//   BM, BN: the tile (multiples of TM and TN). BK: values of K per step (a multiple of 8, the
+//   decode run). TM, TN: rows and tokens per thread, 4 or 8; TM8 / TN8 are set when 8.
 //   WG_SIZE = (BM / TM) * (BN / TN).
 //
 // Workgroup memory holds both tiles transposed, K-major, so a thread's vec4 of rows (or of
@@ -27,9 +27,9 @@
 // from memory about once) and sweep the tokens. One dispatch covers one part of a split tensor;
 // y_offset already points at its first row.
 //
-// Edges: rows past the part and tokens past n_tokens load zeros and store nothing; float types
-// may have any K, so values at and past `cols` load as zeros (quantized rows are whole blocks,
-// a multiple of 32, but BK may exceed the tail). f16 values are read with unpack2x16float (no
+// Edges: rows past the part and tokens past n_tokens load zeros and store nothing; values at and
+// past `cols` load as zeros (float rows may have any K; quantized rows are whole 32-value blocks,
+// but K need not be a multiple of BK). f16 values are read with unpack2x16float (no
 // shader-f16); everything accumulates in f32.
 
 #include "common_decls.tmpl"

@@ -18,6 +18,8 @@
 //   elements of X (coalesced). Without WORDS lane l takes whole units (16 to 64 values), and a
 //   warp's loads are strided by a unit: on an H200 that read X through the L1 cache ~16 times
 //   more often than the bytes needed, and W at a third of copy bandwidth.
+//   UNROLL (with WORDS): items a lane decodes per loop step (a constant trip count the compiler
+//   unrolls, so their loads are in flight together).
 //   XVEC4: X is bound as vec4 (16-byte loads); the host sets it only when X[t, 0] is a multiple
 //   of 4 elements for every token (x_offset and cols multiples of 4).
 //   SUBGROUP (with COOP): the team's partial sums are added with subgroupShuffleXor, no
@@ -61,7 +63,13 @@ const RPW: u32 = WG_SIZE / TPR; // rows per workgroup
 
 var<private> acc: array<f32, NT>; // partial sums of this thread's row, one per token
 var<private> xbase: u32;           // X[t0, 0]
-var<private> nt: u32;              // tokens this thread handles (<= NT)
+var<private> nt: u32;              // tokens this thread writes (<= NT)
+
+// The sinks below loop over all NT tokens, not the nt that are real: a constant trip count
+// leaves no branch between one item's loads and the next, so the compiler can issue many
+// items' loads together (with a runtime bound, an H200 streamed quantized rows at about a third
+// of copy bandwidth). Tokens past the end read X past its last row (clamped or zero, as every
+// out-of-bounds read in WGSL) and are never written.
 
 // X[t, col .. col + 4] at element index i = xbase + t * x_stride + col.
 fn xv(i: u32) -> vec4<f32> {
@@ -74,7 +82,7 @@ fn xv(i: u32) -> vec4<f32> {
 
 // acc[t] += dot(wv, X[t, col .. col + 4]) for each token of the tile.
 fn acc4(wv: vec4<f32>, col: u32) {
-    for (var t = 0u; t < nt; t++) {
+    for (var t = 0u; t < NT; t++) {
         acc[t] += dot(wv, xv(xbase + t * p.x_stride + col));
     }
 }
@@ -93,7 +101,7 @@ fn acc4_tail(wv: vec4<f32>, col: u32) {
     }
     let m = vec4<bool>(true, n > 1u, n > 2u, false);
     let wm = select(vec4<f32>(0.0), wv, m);
-    for (var t = 0u; t < nt; t++) {
+    for (var t = 0u; t < NT; t++) {
         let i = xbase + t * p.x_stride + col;
         let xv = select(vec4<f32>(0.0), vec4<f32>(x[i], x[i + 1u], x[i + 2u], 0.0), m);
         acc[t] += dot(wm, xv);
@@ -102,6 +110,19 @@ fn acc4_tail(wv: vec4<f32>, col: u32) {
 }
 
 #ifdef WORDS
+// The item decoders' sinks: acc[t] += dot(d * q (+ m), X[t, col .. col + 4]), with the scale
+// applied to the dot product (one multiply per 4 values) and the offset to the sum of X.
+fn accq(d: f32, q: vec4<f32>, col: u32) {
+    for (var t = 0u; t < NT; t++) {
+        acc[t] += d * dot(q, xv(xbase + t * p.x_stride + col));
+    }
+}
+fn accqm(d: f32, m: f32, q: vec4<f32>, col: u32) {
+    for (var t = 0u; t < NT; t++) {
+        let xt = xv(xbase + t * p.x_stride + col);
+        acc[t] += d * dot(q, xt) + m * dot(vec4<f32>(1.0), xt);
+    }
+}
 #define QUANT_ITEMS
 #endif
 #include "quant_decls.tmpl"
@@ -147,14 +168,13 @@ fn matmul(
     if live {
         let rb = r * p.row_words;
 #ifdef WORDS
-        // Four items per lane per step, their loads independent: enough bytes in flight.
+        // UNROLL items per lane per step, their loads independent: bytes in flight.
         let n = items();
         var j = lane;
-        for (; j + 3u * TPR < n; j += 4u * TPR) {
-            item(rb, j);
-            item(rb, j + TPR);
-            item(rb, j + 2u * TPR);
-            item(rb, j + 3u * TPR);
+        for (; j + (UNROLL - 1u) * TPR < n; j += UNROLL * TPR) {
+            for (var k = 0u; k < UNROLL; k++) {
+                item(rb, j + k * TPR);
+            }
         }
         for (; j < n; j += TPR) {
             item(rb, j);

@@ -40,20 +40,24 @@ fn tolerance(ty: GgmlType) -> f64 {
     TOLERANCE.iter().find(|(t, _)| *t == ty).map(|(_, v)| *v).expect("every type has a tolerance")
 }
 
-/// Every standard tile, one with 8 tokens per thread, one with 8 x 8, and a tiny one (8 threads)
-/// so that small shapes still span several tiles; those the device cannot build are skipped.
+/// Every standard tile (8 x 8, 8 x 4 and 4 x 4 per thread), one with 4 x 8, one with BK 32 and
+/// 8 x 4, and a tiny one (8 threads) so that small shapes still span several tiles; those the
+/// device cannot build are skipped.
 fn tiles(ctx: &GpuContext) -> Vec<GemmConfig> {
     let all = [
-        GemmConfig::LARGE,
-        GemmConfig::MEDIUM,
-        GemmConfig::SMALL,
+        GemmConfig::TILE_128X128,
+        GemmConfig::TILE_128X64,
+        GemmConfig::TILE_64X64,
+        GemmConfig::TILE_64X32,
+        GemmConfig::TILE_64X64_BK16,
         GemmConfig::CPU,
+        GemmConfig::new(128, 64, 32, 8, 4),
         GemmConfig::new(64, 128, 16, 4, 8),
-        GemmConfig::new(128, 128, 16, 8, 8),
         GemmConfig::new(16, 8, 8, 4, 4),
     ];
     let mut v: Vec<GemmConfig> = all.into_iter().filter(|c| c.check(&ctx.limits).is_ok()).collect();
     assert!(v.contains(&GemmConfig::for_device(ctx)));
+    assert!(v.contains(&GemmConfig::for_shape(ctx, 37, 7)));
     v.dedup();
     v
 }
@@ -83,7 +87,17 @@ async fn run_tiles(ctx: &GpuContext, tiles: &[GemmConfig], w: &GpuTensor, xs: &[
 
 /// Compare every tile's Y with the f64 reference and check the gaps; returns the worst error.
 #[allow(clippy::too_many_arguments)]
-fn check(ty: GgmlType, what: &str, tiles: &[GemmConfig], wf: &[f32], xs: &[f32], rows: u64, cols: u64, n_tokens: u32, got: &[Vec<f32>]) -> f64 {
+fn check(
+    ty: GgmlType,
+    what: &str,
+    tiles: &[GemmConfig],
+    wf: &[f32],
+    xs: &[f32],
+    rows: u64,
+    cols: u64,
+    n_tokens: u32,
+    got: &[Vec<f32>],
+) -> f64 {
     let (rows, cols) = (rows as usize, cols as usize);
     let y_stride = rows + Y_PAD as usize;
     let mut worst = 0.0f64;
@@ -152,7 +166,12 @@ async fn check_type(ty: GgmlType) {
         assert_eq!(a, b, "{ty}: split and unsplit differ ({n_tokens} tokens)");
         worst = worst.max(check(ty, "split", &tiles, &wf, &xs, rows, cols, n_tokens, &b));
     }
-    tlog!("gemm {ty}: worst relative error {worst:.2e} (tolerance {:.0e}), {} tiles, adapter {:?}", tolerance(ty), tiles.len(), ctx.adapter.name);
+    tlog!(
+        "gemm {ty}: worst relative error {worst:.2e} (tolerance {:.0e}), {} tiles, adapter {:?}",
+        tolerance(ty),
+        tiles.len(),
+        ctx.adapter.name
+    );
 }
 
 gpu_test!(gemm_f32, check_type(GgmlType::F32));
@@ -198,5 +217,5 @@ gpu_test!(gemm_refuses_bad_arguments, async {
     assert_eq!(e.code, cera_web::ErrorCode::InvalidArgument);
     let e = gemm::encode(&ctx, &mut enc, GemmConfig::for_device(&ctx), &w, &x, 0, &y, 0, Some(3), 1).unwrap_err();
     assert_eq!(e.code, cera_web::ErrorCode::InvalidArgument);
-    assert!(gemm::key(GgmlType::Q2K, GemmConfig::MEDIUM).is_err());
+    assert!(gemm::key(GgmlType::Q2K, GemmConfig::TILE_64X64).is_err());
 });

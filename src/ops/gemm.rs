@@ -87,16 +87,28 @@ impl GemmConfig {
         GemmConfig { bm, bn, bk, tm, tn }
     }
 
-    /// 128 rows x 64 tokens, 8 x 4 per thread, 256 threads, BK 32: 24 KiB of workgroup memory.
-    /// Each k step reads 3 vec4s per thread for 32 multiply-adds.
-    pub const LARGE: GemmConfig = GemmConfig::new(128, 64, 32, 8, 4);
-    /// 64 x 64, 4 x 4 per thread, 256 threads, BK 32: 16 KiB, WebGPU's guaranteed minimum.
-    pub const MEDIUM: GemmConfig = GemmConfig::new(64, 64, 32, 4, 4);
-    /// 64 x 64 with BK 16: 8 KiB, for adapters below the WebGPU minimum (downlevel limits).
-    pub const SMALL: GemmConfig = GemmConfig::new(64, 64, 16, 4, 4);
-    /// 32 x 32 with 4 x 4 per thread: 64 threads, 4 KiB. For CPU-emulated adapters, where a
-    /// workgroup runs on one core and a smaller tile keeps both cores busy on small matrices.
+    /// 128 rows x 128 tokens, 8 x 8 per thread, 256 threads, BK 16: 16 KiB of workgroup memory
+    /// (WebGPU's guaranteed minimum). Each k step reads 4 vec4s per thread for 64
+    /// multiply-adds. The fastest tile on an H200 when the grid has enough workgroups.
+    pub const TILE_128X128: GemmConfig = GemmConfig::new(128, 128, 16, 8, 8);
+    /// 128 x 64, 8 x 4 per thread, 256 threads, BK 16: 12 KiB.
+    pub const TILE_128X64: GemmConfig = GemmConfig::new(128, 64, 16, 8, 4);
+    /// 64 x 64, 4 x 4 per thread, 256 threads, BK 32: 16 KiB. Twice the workgroups of
+    /// [`Self::TILE_128X64`], for matrices too small to fill a big GPU with larger tiles.
+    pub const TILE_64X64: GemmConfig = GemmConfig::new(64, 64, 32, 4, 4);
+    /// 64 x 64 with BK 16: 8 KiB, for adapters below WebGPU's 16 KiB (downlevel limits).
+    pub const TILE_64X64_BK16: GemmConfig = GemmConfig::new(64, 64, 16, 4, 4);
+    /// 32 x 32 with 4 x 4 per thread: 64 threads, 8 KiB. For CPU-emulated adapters, where a
+    /// workgroup runs on one core and a smaller tile keeps the cores busy on small matrices: the
+    /// fastest tile on lavapipe from 16 to 64 tokens ([`use_gemm`] has the numbers).
     pub const CPU: GemmConfig = GemmConfig::new(32, 32, 32, 4, 4);
+
+    /// 64 x 32, 4 x 4 per thread, 128 threads, BK 32: 12 KiB. For small batches (32 to 64
+    /// tokens), where a 64-token tile would be half padding and its grid too small.
+    pub const TILE_64X32: GemmConfig = GemmConfig::new(64, 32, 32, 4, 4);
+
+    /// The GPU tiles from largest to smallest: what [`Self::for_shape`] chooses from.
+    pub const GPU_TILES: [GemmConfig; 4] = [Self::TILE_128X128, Self::TILE_128X64, Self::TILE_64X64, Self::TILE_64X32];
 
     /// Threads per workgroup.
     pub const fn workgroup_size(&self) -> u32 {
@@ -108,13 +120,48 @@ impl GemmConfig {
         (self.bm + self.bn) * self.bk * 4
     }
 
-    /// The largest of the standard tiles this device's limits allow.
+    /// The largest of the standard tiles this device's limits allow (the CPU tile on a CPU
+    /// adapter). [`Self::for_shape`] is the better choice when the shape is known.
     pub fn for_device(ctx: &GpuContext) -> Self {
         if matmul::is_cpu_adapter(ctx) {
             return Self::CPU;
         }
-        [Self::LARGE, Self::MEDIUM, Self::SMALL].into_iter().find(|c| c.check(&ctx.limits).is_ok()).unwrap_or(Self::CPU)
+        Self::GPU_TILES.into_iter().find(|c| c.check(&ctx.limits).is_ok()).unwrap_or(Self::TILE_64X64_BK16)
     }
+
+    /// The tile for a product of `rows` weight rows and `n_tokens` tokens: the largest GPU tile
+    /// whose grid still has [`Self::MIN_WORKGROUPS`] workgroups (else the one with the most). A
+    /// larger tile reuses each load more, but a grid of fewer workgroups than the GPU has cores
+    /// leaves cores idle. Measured on an H200 (132 SMs), GFLOP/s, Q8_0 (workgroups in brackets):
+    ///
+    /// | rows x K, tokens | 128x128x16:8x8 | 128x64x16:8x4 | 64x64x32:4x4 | 64x32x32:4x4 | matmul NT = 8 |
+    /// | --- | --- | --- | --- | --- | --- |
+    /// | 4096 x 4096, 512 | **16,298** (128) | 14,862 (256) | 10,687 (512) | | 3,529 |
+    /// | 14336 x 4096, 512 | 16,887 (448) | **17,644** (896) | 12,772 (1792) | | 3,652 |
+    /// | 4096 x 14336, 512 | **16,505** (128) | 15,392 (256) | 11,585 (512) | | 3,646 |
+    /// | 1024 x 4096, 512 | 4,120 (32) | 5,731 (64) | **7,889** (128) | | 3,228 |
+    /// | 2048 x 640, 256 | 4,086 (32) | 5,674 (64) | **7,769** (128) | | 2,486 |
+    /// | 1024 x 640, 256 | 2,095 (16) | 2,953 (32) | **4,072** (64) | | 1,689 |
+    /// | 4096 x 4096, 48 | | | 3,374 (64) | **3,788** (128) | 2,589 |
+    /// | 4096 x 4096, 32 | | | 2,362 (64) | **2,559** (128) | 2,336 |
+    ///
+    /// Q4_K at 512 tokens is within 10 % of Q8_0 (14,459 with 128x128 on 4096 x 4096; matmul's
+    /// register kernel 1,941).
+    pub fn for_shape(ctx: &GpuContext, rows: u64, n_tokens: u32) -> Self {
+        if matmul::is_cpu_adapter(ctx) {
+            return Self::CPU;
+        }
+        let fits: Vec<GemmConfig> = Self::GPU_TILES.into_iter().filter(|c| c.check(&ctx.limits).is_ok()).collect();
+        let groups = |c: &GemmConfig| rows.div_ceil(c.bm as u64) * (n_tokens as u64).div_ceil(c.bn as u64);
+        fits.iter()
+            .copied()
+            .find(|c| groups(c) >= Self::MIN_WORKGROUPS)
+            .or_else(|| fits.iter().copied().max_by_key(groups))
+            .unwrap_or(Self::TILE_64X64_BK16)
+    }
+
+    /// The grid [`Self::for_shape`] wants at least: about one workgroup per core of a big GPU.
+    pub const MIN_WORKGROUPS: u64 = 128;
 
     /// Whether the shader can be built with this shape on a device with `limits`, and why not.
     pub fn check(&self, limits: &GpuLimits) -> Result<()> {
@@ -168,19 +215,42 @@ impl std::str::FromStr for GemmConfig {
     }
 }
 
-/// Whether the tiled kernel is the faster choice for a batch of `n_tokens`.
+/// Whether the tiled kernel is the faster choice for a batch of `n_tokens` (else matmul's
+/// kernel: GEMV for one token, tokens in registers for a few).
 ///
-/// One token is a GEMV (matmul's cooperative kernel). On a real GPU the tile pays off from a
-/// few tokens: below 8, most of a 64-token tile would be padding. On a CPU-emulated adapter
-/// (lavapipe, SwiftShader) the register kernel stays, pending a measurement.
-pub fn use_gemm(ctx: &GpuContext, n_tokens: u32) -> bool {
-    !matmul::is_cpu_adapter(ctx) && n_tokens >= 8
+/// Measured on an H200, Q8_0, GFLOP/s; gemm is the best of 64x64, 64x32 and 32x32 at 16 to 48
+/// tokens, 64x64 alone at 8 and 64:
+///
+/// | tokens | 4096 x 4096: gemm | matmul NT = 8 | 2048 x 640: gemm | matmul NT = 8 |
+/// | --- | --- | --- | --- | --- |
+/// | 8 | 649 | **1,051** | | |
+/// | 16 | 1,370 | **1,739** | **629** | 469 |
+/// | 32 | **2,559** | 2,336 | **1,178** | 836 |
+/// | 48 | **3,788** | 2,589 | **1,698** | 1,143 |
+/// | 64 | **4,095** | 2,966 | | |
+///
+/// On a CPU-emulated adapter the crossover is about the same: measured on lavapipe (Mesa 22.3,
+/// 2 cores, under a load average of 3-4 from other builds, so best of 3 alternating samples),
+/// Q4_K 640 x 2048, GFLOP/s:
+///
+/// | tokens | matmul NT = 8, thread per row | gemm 32x32x32:4x4 | gemm 64x64x32:4x4 | gemm 128x64x16:8x4 |
+/// | --- | --- | --- | --- | --- |
+/// | 8 | **1.75** | 0.35 | 0.24 | 0.46 |
+/// | 16 | 1.77 | **1.83** | 1.21 | 1.31 |
+/// | 64 | 1.01 | **3.52** | 3.30 | 3.19 |
+/// | 256 | 0.75 | 1.71 | 2.17 | **2.55** |
+/// The crossover measured on both is the same, so the adapter is not consulted yet; it is a
+/// parameter so a device whose crossover differs can get its own without changing callers.
+pub fn use_gemm(_ctx: &GpuContext, n_tokens: u32) -> bool {
+    n_tokens >= 32
 }
 
 fn type_define(ty: GgmlType) -> Result<&'static str> {
-    TYPES.iter().find(|(t, _)| *t == ty).map(|(_, d)| *d).ok_or_else(|| {
-        Error::new(ErrorCode::UnsupportedQuant, format!("tensor type {ty} has no GPU gemm kernel"))
-    })
+    TYPES
+        .iter()
+        .find(|(t, _)| *t == ty)
+        .map(|(_, d)| *d)
+        .ok_or_else(|| Error::new(ErrorCode::UnsupportedQuant, format!("tensor type {ty} has no GPU gemm kernel")))
 }
 
 /// The pipeline key of a type and tile.
@@ -215,12 +285,14 @@ fn key_u32(key: &PipelineKey, name: &str) -> Result<u32> {
 /// compiles each).
 pub fn variants() -> Vec<Variant> {
     let shapes = [
-        GemmConfig::LARGE,
-        GemmConfig::MEDIUM,
-        GemmConfig::SMALL,
+        GemmConfig::TILE_128X128,
+        GemmConfig::TILE_128X64,
+        GemmConfig::TILE_64X64,
+        GemmConfig::TILE_64X32,
+        GemmConfig::TILE_64X64_BK16,
         GemmConfig::CPU,
+        GemmConfig::new(128, 64, 32, 8, 4),
         GemmConfig::new(64, 128, 16, 4, 8),
-        GemmConfig::new(128, 128, 16, 8, 8),
         GemmConfig::new(16, 8, 8, 4, 4),
     ];
     let mut v = Vec::new();
@@ -262,9 +334,8 @@ pub fn prepare(
     }
     let pipe: Arc<CachedPipeline> = ctx.pipeline(&key(w.ty, cfg)?)?;
     let (bm, bn) = (key_u32(&pipe.key, "BM")? as u64, key_u32(&pipe.key, "BN")? as u64);
-    let u32_of = |what: &str, v: u64| {
-        u32::try_from(v).map_err(|_| Error::invalid(format!("gemm {}: {what} = {v} does not fit in u32", w.name)))
-    };
+    let u32_of =
+        |what: &str, v: u64| u32::try_from(v).map_err(|_| Error::invalid(format!("gemm {}: {what} = {v} does not fit in u32", w.name)));
     let token_tiles = (n_tokens as u64).div_ceil(bn);
     // The last element each binding is indexed at must fit the shader's u32 arithmetic.
     u32_of("x end", x_offset + n_tokens as u64 * w.cols)?;
@@ -343,23 +414,16 @@ pub enum Kernel {
 }
 
 /// Tiled GEMM throughput on synthetic weights of `ty` (`rows x cols`) and `n_tokens` tokens, in
-/// GFLOP/s (`2 * rows * cols * n_tokens` per product), with the device's tile.
+/// GFLOP/s (`2 * rows * cols * n_tokens` per product), with the tile [`GemmConfig::for_shape`]
+/// picks.
 pub async fn bench_gemm(ctx: &GpuContext, ty: GgmlType, rows: u64, cols: u64, n_tokens: u32, iters: u32) -> Result<f64> {
-    bench_kernel(ctx, Kernel::Tiled(GemmConfig::for_device(ctx)), ty, rows, cols, n_tokens, iters).await
+    bench_kernel(ctx, Kernel::Tiled(GemmConfig::for_shape(ctx, rows, n_tokens)), ty, rows, cols, n_tokens, iters).await
 }
 
 /// [`bench_gemm`] for any kernel: `iters` products recorded into one compute pass after one
 /// warm-up, timed to the end of a 4-byte readback.
 #[allow(clippy::too_many_arguments)]
-pub async fn bench_kernel(
-    ctx: &GpuContext,
-    kernel: Kernel,
-    ty: GgmlType,
-    rows: u64,
-    cols: u64,
-    n_tokens: u32,
-    iters: u32,
-) -> Result<f64> {
+pub async fn bench_kernel(ctx: &GpuContext, kernel: Kernel, ty: GgmlType, rows: u64, cols: u64, n_tokens: u32, iters: u32) -> Result<f64> {
     let bytes = crate::quant::gpu::synthetic_rows(ty, cols, rows, 1);
     let w = crate::quant::gpu::upload_tensor(ctx, "bench weight", ty, cols, rows, &bytes, ctx.limits.max_binding())?;
     drop(bytes);
@@ -424,14 +488,14 @@ mod tests {
     #[test]
     fn standard_tiles_fit_their_limits() {
         let min = webgpu_min();
-        assert!(GemmConfig::MEDIUM.check(&min).is_ok(), "MEDIUM must fit WebGPU's minimum limits");
-        assert!(GemmConfig::SMALL.check(&min).is_ok());
-        assert!(GemmConfig::CPU.check(&min).is_ok());
-        assert!(GemmConfig::LARGE.check(&min).is_err(), "LARGE needs 24 KiB");
-        let big = GpuLimits { max_compute_workgroup_storage_size: 32 << 10, ..min };
-        assert!(GemmConfig::LARGE.check(&big).is_ok());
-        assert_eq!(GemmConfig::LARGE.workgroup_size(), 256);
-        assert_eq!(GemmConfig::MEDIUM.storage_bytes(), 16 << 10);
+        for c in GemmConfig::GPU_TILES.into_iter().chain([GemmConfig::TILE_64X64_BK16, GemmConfig::CPU]) {
+            assert!(c.check(&min).is_ok(), "{c} must fit WebGPU's minimum limits");
+        }
+        assert_eq!(GemmConfig::TILE_128X128.workgroup_size(), 256);
+        assert_eq!(GemmConfig::TILE_128X128.storage_bytes(), 16 << 10);
+        let downlevel = GpuLimits { max_compute_workgroup_storage_size: 8 << 10, ..min };
+        assert!(GemmConfig::TILE_64X64_BK16.check(&downlevel).is_ok());
+        assert!(GemmConfig::TILE_64X64.check(&downlevel).is_err());
     }
 
     #[test]
@@ -449,21 +513,21 @@ mod tests {
 
     #[test]
     fn key_carries_the_tile() {
-        let k = key(GgmlType::Q4K, GemmConfig::LARGE).unwrap();
+        let k = key(GgmlType::Q4K, GemmConfig::TILE_128X64).unwrap();
         assert_eq!(k.decisions().workgroup_size, 256);
         assert_eq!(key_u32(&k, "BM").unwrap(), 128);
         assert_eq!(key_u32(&k, "BN").unwrap(), 64);
         assert!(k.defines.iter().any(|(d, _)| d == "TM8"));
         assert!(!k.defines.iter().any(|(d, _)| d == "TN8"));
-        assert!(key(GgmlType::Q2K, GemmConfig::LARGE).is_err());
+        assert!(key(GgmlType::Q2K, GemmConfig::TILE_128X64).is_err());
     }
 
     #[test]
     fn tile_text_round_trips() {
-        for c in [GemmConfig::LARGE, GemmConfig::MEDIUM, GemmConfig::new(16, 8, 8, 4, 4)] {
+        for c in [GemmConfig::TILE_128X128, GemmConfig::TILE_64X64, GemmConfig::new(16, 8, 8, 4, 4)] {
             assert_eq!(c.to_string().parse::<GemmConfig>().unwrap(), c);
         }
-        assert_eq!("128x64x32:8x4".parse::<GemmConfig>().unwrap(), GemmConfig::LARGE);
+        assert_eq!("128x64x16:8x4".parse::<GemmConfig>().unwrap(), GemmConfig::TILE_128X64);
         for bad in ["128x64:8x4", "128x64x32", "axbxc:dxe", "1x2x3:4x5x6"] {
             assert!(bad.parse::<GemmConfig>().is_err(), "{bad} parsed");
         }

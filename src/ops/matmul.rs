@@ -11,6 +11,17 @@
 //! no barrier (for CPU-emulated adapters, where a workgroup barrier is costly: TOOLCHAIN.md) and
 //! cooperative rows with a workgroup reduction (for real GPUs: TPR threads read a row's
 //! consecutive words, coalesced). Both are tested on every type.
+//!
+//! On real GPUs GEMV uses row teams ([`MatmulConfig::team`], [`MatmulConfig::gemv_for`]): the
+//! lanes of a team take a row's quant words interleaved, read X as vec4 and add their sums with
+//! subgroup shuffles. Measured with `cera bench-gemv` on an H200 (Vulkan), GB/s of weights,
+//! before (8-lane cooperative units) -> after: Q8_0 4096x4096 330 -> 600, 14336x4096
+//! 780 -> 910-1020, 4096x14336 325 -> 610-880, 128256x4096 1410 -> 1360-1400 (a plain copy of
+//! as many bytes: 2300-3650). F32 reaches 0.6-0.84 of copy, the quantized types 0.11-0.37: their
+//! cost follows the bytes of X read per weight byte (4 for Q8_0, 8 for 4-bit), not the decode
+//! (removing int-to-float conversions, unrolling 4 -> 8 and a constant token loop changed
+//! nothing measurable), so X is likely re-read from L2 by every row. Sharing X across rows (several
+//! rows per lane, or X staged in workgroup memory) is the next step.
 
 use std::mem::offset_of;
 
@@ -95,6 +106,11 @@ pub fn units_per_row(ty: GgmlType, cols: u64) -> u64 {
     }
 }
 
+/// Threads a GEMV aims to keep in flight: a large GPU's resident threads a couple of times over
+/// (an H200 holds 132 x 2048), more than a small GPU needs, where larger teams only add a
+/// short reduction.
+pub const GEMV_THREADS: u64 = 1 << 19;
+
 /// The kernel shape: a decision stored in the pipeline key, read back by the dispatch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulConfig {
@@ -110,6 +126,9 @@ pub struct MatmulConfig {
     pub subgroup: bool,
     /// Read X as vec4 (`XVEC4`); set per call by [`MatmulConfig::for_x`], never by hand.
     pub x_vec4: bool,
+    /// Items each lane of an interleaved team decodes per loop step (`UNROLL`: their loads are
+    /// independent, so this many are in flight per lane).
+    pub unroll: u32,
 }
 
 impl MatmulConfig {
@@ -122,19 +141,20 @@ impl MatmulConfig {
             interleaved: false,
             subgroup: false,
             x_vec4: false,
+            unroll: 4,
         }
     }
 
     /// Cooperative rows: `threads_per_row` threads split a row's units and reduce in workgroup
     /// memory.
     pub const fn cooperative(workgroup_size: u32, threads_per_row: u32, tokens_per_thread: u32) -> Self {
-        MatmulConfig { workgroup_size, threads_per_row, tokens_per_thread, interleaved: false, subgroup: false, x_vec4: false }
+        MatmulConfig { interleaved: false, subgroup: false, ..Self::team(workgroup_size, threads_per_row, tokens_per_thread) }
     }
 
     /// A row team: `threads_per_row` threads take the row's items interleaved and add their sums
     /// with subgroup shuffles where the device has them (workgroup memory otherwise).
     pub const fn team(workgroup_size: u32, threads_per_row: u32, tokens_per_thread: u32) -> Self {
-        MatmulConfig { workgroup_size, threads_per_row, tokens_per_thread, interleaved: true, subgroup: true, x_vec4: false }
+        MatmulConfig { workgroup_size, threads_per_row, tokens_per_thread, interleaved: true, subgroup: true, x_vec4: false, unroll: 4 }
     }
 
     /// The GEMV shape for this device and any weight: simple on a CPU adapter, a 16-thread row
@@ -147,15 +167,18 @@ impl MatmulConfig {
         }
     }
 
-    /// The GEMV shape for a weight of `ty` with `cols` values per row on this device: the team
-    /// grows with the row, so each lane has several items to stream and the reduction stays
-    /// small beside them (about 8 items a lane, 8 to 32 lanes).
-    pub fn gemv_for(ctx: &GpuContext, ty: GgmlType, cols: u64) -> Self {
+    /// The GEMV shape for a weight of `ty`, `rows x cols`, on this device: teams as large as it
+    /// takes for about [`GEMV_THREADS`] threads in flight (a GPU streams memory at full speed
+    /// only with enough loads in flight), 8 to 32 lanes and at least 4 items a lane. Measured on
+    /// an H200: a 128256-row output head ran fastest with 8-lane teams and a 4096- or 14336-row
+    /// matrix with 32-lane ones (with 8, its 448 workgroups of 32 rows left most of the GPU idle).
+    pub fn gemv_for(ctx: &GpuContext, ty: GgmlType, rows: u64, cols: u64) -> Self {
         if is_cpu_adapter(ctx) {
             return Self::simple(1);
         }
-        let items = items_per_row(ty, cols);
-        let tpr = (items / 8).clamp(8, 32).next_power_of_two().min(32) as u32;
+        let by_rows = (GEMV_THREADS / rows.max(1)).next_power_of_two();
+        let by_items = (items_per_row(ty, cols) / 4).max(1).next_power_of_two();
+        let tpr = by_rows.min(by_items).clamp(8, 32) as u32;
         Self::team(ctx.limits.workgroup_size(256), tpr, 1).fit(ctx)
     }
 
@@ -180,6 +203,7 @@ impl MatmulConfig {
         self.threads_per_row = tpr;
         self.tokens_per_thread = self.tokens_per_thread.max(1);
         self.interleaved &= tpr > 1;
+        self.unroll = self.unroll.clamp(1, 16);
         self.subgroup &= tpr > 1
             && ctx.features.contains(wgpu::Features::SUBGROUP)
             && tpr <= ctx.adapter.subgroup_min_size
@@ -197,7 +221,7 @@ impl MatmulConfig {
     /// This shape for one call: X as vec4 when the interleaved kernel can (every token's row of
     /// X starts at a multiple of 4 elements).
     pub fn for_x(mut self, x_offset: u64, cols: u64) -> Self {
-        self.x_vec4 = self.interleaved && x_offset % 4 == 0 && cols % 4 == 0;
+        self.x_vec4 = self.threads_per_row > 1 && x_offset % 4 == 0 && cols % 4 == 0;
         self
     }
 
@@ -210,6 +234,9 @@ impl MatmulConfig {
 impl std::fmt::Display for MatmulConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "wg{} tpr{} nt{}", self.workgroup_size, self.threads_per_row, self.tokens_per_thread)?;
+        if self.interleaved && self.unroll != 4 {
+            write!(f, " u{}", self.unroll)?;
+        }
         for (on, name) in [(self.interleaved, "words"), (self.subgroup, "sg"), (self.x_vec4, "xvec4")] {
             if on {
                 write!(f, " {name}")?;
@@ -234,6 +261,8 @@ impl std::str::FromStr for MatmulConfig {
                 cfg.threads_per_row = v;
             } else if let Some(v) = num("nt") {
                 cfg.tokens_per_thread = v;
+            } else if let Some(v) = num("u") {
+                cfg.unroll = v;
             } else if part == "words" {
                 cfg.interleaved = true;
             } else if part == "sg" {
@@ -284,6 +313,9 @@ pub fn key(ty: GgmlType, cfg: MatmulConfig) -> Result<PipelineKey> {
             k = k.define(name, "");
         }
     }
+    if cfg.interleaved {
+        k = k.define("UNROLL", format!("{}u", cfg.unroll));
+    }
     Ok(k)
 }
 
@@ -301,7 +333,9 @@ pub fn variants() -> Vec<Variant> {
         MatmulConfig::cooperative(256, 8, 8),
         MatmulConfig::cooperative(64, 4, 3),
     ];
-    // The row teams, with and without subgroups and vec4 X.
+    // The row teams, with and without subgroups and vec4 X, and the cooperative shape with vec4 X.
+    shapes.push(MatmulConfig { x_vec4: true, ..MatmulConfig::cooperative(256, 8, 1) });
+    shapes.push(MatmulConfig { unroll: 8, ..MatmulConfig::team(256, 32, 1) });
     for (tpr, nt) in [(8, 1), (16, 1), (32, 1), (16, 8)] {
         for subgroup in [false, true] {
             for x_vec4 in [false, true] {
@@ -332,7 +366,7 @@ pub fn gemv(
     y: &wgpu::Buffer,
     y_offset: u64,
 ) -> Result<()> {
-    matmul(ctx, encoder, MatmulConfig::gemv_for(ctx, w.ty, w.cols), w, x, x_offset, y, y_offset, 1)
+    matmul(ctx, encoder, MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols), w, x, x_offset, y, y_offset, 1)
 }
 
 /// `Y[t, r] = sum_c W[r, c] * X[t, c]` for `n_tokens` tokens (prefill), in the device's GEMM
@@ -351,7 +385,7 @@ pub fn gemm(
     y_offset: u64,
     n_tokens: u32,
 ) -> Result<()> {
-    let cfg = if n_tokens == 1 { MatmulConfig::gemv_for(ctx, w.ty, w.cols) } else { MatmulConfig::gemm(ctx) };
+    let cfg = if n_tokens == 1 { MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols) } else { MatmulConfig::gemm(ctx) };
     matmul(ctx, encoder, cfg, w, x, x_offset, y, y_offset, n_tokens)
 }
 

@@ -271,7 +271,7 @@ async fn bench_one(
 ) -> Result<BenchRow> {
     let row_bytes = ty.row_bytes(shape.cols).unwrap_or(0) as usize;
     let w = upload_tensor(ctx, shape.name, ty, shape.cols, shape.rows, &gguf[..row_bytes * shape.rows as usize], ctx.limits.max_binding())?;
-    let cfg = cfg.unwrap_or_else(|| MatmulConfig::gemv_for(ctx, ty, shape.cols)).fit(ctx);
+    let cfg = cfg.unwrap_or_else(|| MatmulConfig::gemv_for(ctx, ty, shape.rows, shape.cols)).fit(ctx);
     let xs: Vec<f32> = (0..shape.cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
     let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&xs));
     let y = ctx.empty_storage("bench y", shape.rows * 4)?;

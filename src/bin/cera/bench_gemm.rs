@@ -3,7 +3,9 @@
 //! (shape, kernel).
 //!
 //! `cera bench-gemm [--type q4_K] [--tokens 512] [--shapes llama|gemma | --rows R --cols C]
-//! [--tiles "128x64x32:8x4;64x64x32:4x4" | --sweep] [--no-registers] [--iters N]`
+//! [--tiles "128x64x16:8x4;64x64x32:4x4" | --sweep] [--no-registers] [--iters N]`
+//!
+//! Without `--tiles` or `--sweep`, each shape runs with the tile `GemmConfig::for_shape` picks.
 
 use cera_web::gguf::GgmlType;
 use cera_web::gpu::GpuContext;
@@ -26,7 +28,8 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
     let mut n_tokens = 512u32;
     let mut shapes: Vec<(String, u64, u64)> = LLAMA3_8B.iter().map(|&(n, r, c)| (n.to_string(), r, c)).collect();
     let (mut rows, mut cols) = (None, None);
-    let mut tiles = vec![GemmConfig::for_device(ctx)];
+    // None: the tile GemmConfig::for_shape picks for each shape.
+    let mut tiles: Option<Vec<GemmConfig>> = None;
     let mut registers = true;
     let mut iters = 0u32;
     let mut it = args.iter();
@@ -55,22 +58,24 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
                 shapes = table.iter().map(|&(n, r, c)| (n.to_string(), r, c)).collect();
             }
             "--tiles" => {
-                tiles = value()?.split(';').filter(|t| !t.trim().is_empty()).map(str::parse).collect::<Result<_>>()?;
+                tiles = Some(value()?.split(';').filter(|t| !t.trim().is_empty()).map(str::parse).collect::<Result<_>>()?);
             }
             "--sweep" => {
-                tiles = [
-                    GemmConfig::LARGE,
-                    GemmConfig::MEDIUM,
-                    GemmConfig::SMALL,
-                    GemmConfig::CPU,
-                    GemmConfig::new(64, 128, 16, 4, 8),
-                    GemmConfig::new(128, 128, 16, 8, 8),
-                    GemmConfig::new(128, 64, 16, 8, 4),
-                    GemmConfig::new(64, 32, 32, 4, 4),
-                ]
-                .into_iter()
-                .filter(|t| t.check(&ctx.limits).is_ok())
-                .collect();
+                tiles = Some(
+                    [
+                        GemmConfig::TILE_128X128,
+                        GemmConfig::TILE_128X64,
+                        GemmConfig::TILE_64X64,
+                        GemmConfig::TILE_64X32,
+                        GemmConfig::TILE_64X64_BK16,
+                        GemmConfig::CPU,
+                        GemmConfig::new(128, 64, 32, 8, 4),
+                        GemmConfig::new(64, 128, 16, 4, 8),
+                    ]
+                    .into_iter()
+                    .filter(|t| t.check(&ctx.limits).is_ok())
+                    .collect(),
+                );
             }
             "--no-registers" => registers = false,
             other => return Err(Error::invalid(format!("unknown option {other}; usage: {USAGE}"))),
@@ -81,11 +86,12 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
         (None, None) => {}
         _ => return Err(Error::invalid("--rows and --cols go together")),
     }
-    let mut kernels: Vec<Kernel> = tiles.into_iter().map(Kernel::Tiled).collect();
-    if registers {
-        kernels.push(Kernel::Registers(MatmulConfig::gemm(ctx)));
-    }
     for (name, r, c) in &shapes {
+        let tiles = tiles.clone().unwrap_or_else(|| vec![GemmConfig::for_shape(ctx, *r, n_tokens)]);
+        let mut kernels: Vec<Kernel> = tiles.into_iter().map(Kernel::Tiled).collect();
+        if registers {
+            kernels.push(Kernel::Registers(MatmulConfig::gemm(ctx)));
+        }
         // About 20 GFLOP per sample unless told (a few ms on a big GPU, so the submit and the
         // readback do not dominate; on a CPU adapter pass a small --iters).
         let flops = 2.0 * *r as f64 * *c as f64 * n_tokens as f64;
