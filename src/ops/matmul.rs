@@ -413,10 +413,10 @@ pub fn matmul(
 #[allow(clippy::too_many_arguments)]
 pub fn prepare_auto(rec: &mut Recorder, w: &GpuTensor, x: &wgpu::Buffer, x_offset: u64, y: &wgpu::Buffer, y_offset: u64, n_tokens: u32) -> Result<()> {
     if super::gemm::use_gemm(rec.ctx, n_tokens) {
-        let cfg = super::gemm::GemmConfig::for_device(rec.ctx);
+        let cfg = super::gemm::GemmConfig::for_shape(rec.ctx, w.rows, n_tokens);
         return super::gemm::prepare(rec, cfg, w, x, x_offset, y, y_offset, None, n_tokens);
     }
-    let cfg = if n_tokens == 1 { MatmulConfig::gemv_for(rec.ctx, w.ty, w.cols) } else { MatmulConfig::gemm(rec.ctx) };
+    let cfg = if n_tokens == 1 { MatmulConfig::gemv_for(rec.ctx, w.ty, w.rows, w.cols) } else { MatmulConfig::gemm(rec.ctx) };
     prepare(rec, cfg, w, x, x_offset, y, y_offset, n_tokens)
 }
 
