@@ -116,7 +116,7 @@ fn attention_params(hp: &HParams, n: u32, window: u32) -> attention::AttentionPa
 /// One scratch serves every layer of a plan: the layers' attention dispatches run one after the
 /// other in the pass, and the window does not change its size.
 pub fn attention_scratch(ctx: &GpuContext, hp: &HParams, n: u32, max_cells: u32) -> Result<Option<wgpu::Buffer>> {
-    if n != 1 || (matmul::is_cpu_adapter(ctx) && std::env::var("CERA_FORCE_SPLIT").is_err()) {
+    if n != 1 || matmul::is_cpu_adapter(ctx) {
         return Ok(None);
     }
     let cfg = attention_split::SplitConfig::for_device(ctx);
