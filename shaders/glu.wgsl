@@ -9,6 +9,7 @@
 // binding). One invocation per element, in a 2-D grid.
 
 #include "common_decls.tmpl"
+#include "act_decls.tmpl"
 
 struct GluParams {
     n_rows: u32,
@@ -29,18 +30,6 @@ struct GluParams {
 #ifdef HAS_SRC1
 @group(0) @binding(3) var<storage, read> src1: array<f32>;      // the second
 #endif
-
-fn act(x: f32) -> f32 {
-#ifdef SILU
-    // exp(-x) overflows to inf for x < -88: x / inf = -0, the right limit.
-    return x / (1.0 + exp(-x));
-#else
-    // tanh's argument is clamped to +-10 (tanh(10) = 1 - 4e-9, 1.0 in f32): an implementation
-    // computing tanh from exp may return NaN for inf / inf.
-    let z = clamp(0.7978845608028654 * x * (1.0 + 0.044715 * x * x), -10.0, 10.0);
-    return 0.5 * x * (1.0 + tanh(z));
-#endif
-}
 
 @compute @workgroup_size(WG_SIZE)
 fn glu(

@@ -22,6 +22,9 @@
 //   unrolls, so their loads are in flight together).
 //   XVEC4: X is bound as vec4 (16-byte loads); the host sets it only when X[t, 0] is a multiple
 //   of 4 elements for every token (x_offset and cols multiples of 4).
+//   X_GLU (with SILU or GELU): X is a gated unit's output computed on the fly, X = act(G) * U,
+//   with G bound as `x` and U as `xu` (same layout): the GLU of a feed-forward block fused into
+//   its down projection, so no dispatch writes and re-reads the (T, n_ff) activations.
 //   SUBGROUP (with COOP): the team's partial sums are added with subgroupShuffleXor, no
 //   workgroup memory and no barrier. Lanes and rows then come from the subgroup builtins, so a
 //   team is TPR consecutive invocations of one subgroup whatever the hardware's mapping; the host
@@ -58,6 +61,14 @@ struct MatmulParams {
 @group(0) @binding(2) var<storage, read> x: array<f32>;       // (n_tokens, x_stride) from x_offset
 #endif
 @group(0) @binding(3) var<storage, read_write> y: array<f32>; // (n_tokens, y_stride) from y_offset
+#ifdef X_GLU
+#include "act_decls.tmpl"
+#ifdef XVEC4
+@group(0) @binding(4) var<storage, read> xu: array<vec4<f32>>; // U: X's layout
+#else
+@group(0) @binding(4) var<storage, read> xu: array<f32>;       // U: X's layout
+#endif
+#endif
 
 const RPW: u32 = WG_SIZE / TPR; // rows per workgroup
 
@@ -71,12 +82,27 @@ var<private> nt: u32;              // tokens this thread writes (<= NT)
 // of copy bandwidth). Tokens past the end read X past its last row (clamped or zero, as every
 // out-of-bounds read in WGSL) and are never written.
 
+#ifndef XVEC4
+// X at element index i (scalar binding).
+fn xs(i: u32) -> f32 {
+#ifdef X_GLU
+    return act(x[i]) * xu[i];
+#else
+    return x[i];
+#endif
+}
+#endif
+
 // X[t, col .. col + 4] at element index i = xbase + t * x_stride + col.
 fn xv(i: u32) -> vec4<f32> {
 #ifdef XVEC4
-    return x[i >> 2u];
+#ifdef X_GLU
+    return act4(x[i >> 2u]) * xu[i >> 2u];
 #else
-    return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+    return x[i >> 2u];
+#endif
+#else
+    return vec4<f32>(xs(i), xs(i + 1u), xs(i + 2u), xs(i + 3u));
 #endif
 }
 
@@ -103,7 +129,7 @@ fn acc4_tail(wv: vec4<f32>, col: u32) {
     let wm = select(vec4<f32>(0.0), wv, m);
     for (var t = 0u; t < NT; t++) {
         let i = xbase + t * p.x_stride + col;
-        let xv = select(vec4<f32>(0.0), vec4<f32>(x[i], x[i + 1u], x[i + 2u], 0.0), m);
+        let xv = select(vec4<f32>(0.0), vec4<f32>(xs(i), xs(i + 1u), xs(i + 2u), 0.0), m);
         acc[t] += dot(wm, xv);
     }
 #endif

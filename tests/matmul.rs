@@ -176,3 +176,54 @@ gpu_test!(matmul_rejects_unsupported_types, async {
     };
     assert_eq!(e.code, cera_web::ErrorCode::UnsupportedQuant);
 });
+
+/// The down projection reading a gated unit on the fly, `Y = W (act(G) * U)`, equals the matmul
+/// of the separately computed GLU: both activations, several types (float, legacy, K-quant),
+/// the CPU and GPU decode shapes, scalar and vec4 X, 1 and 3 tokens.
+async fn check_glu(ty: GgmlType) {
+    use cera_web::ops::glu::Activation;
+    let ctx = common::context().await;
+    let be = ty.block_elems();
+    let cols = if be == 1 { 36 } else { 2 * be };
+    let rows = 37u64;
+    let bytes = synthetic_rows(ty, cols, rows, 77);
+    let wf = dequantize_to_vec(ty, &bytes).unwrap();
+    let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
+    let mut rng = Rng::new(ty.id() as u64 + 500);
+    let mut worst = 0.0f64;
+    let shapes = [MatmulConfig::simple(1), MatmulConfig::team(256, 16, 1), MatmulConfig::cooperative(64, 4, 3)];
+    for act in [Activation::Silu, Activation::GeluTanh] {
+        for (n_tokens, x_off) in [(1u32, 4u64), (3, 5)] {
+            let n = (x_off + n_tokens as u64 * cols) as usize;
+            let g: Vec<f32> = rng.vec(n).iter().map(|v| v * 6.0).collect();
+            let u = rng.vec(n);
+            // The GLU's values, as the separate GLU dispatch computes them (f32), are the X of
+            // the reference; the tolerance covers the f32 activation against f64.
+            let xs: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| (act.apply(a as f64) * b as f64) as f32).collect();
+            let (gb, ub) = (ctx.storage_buffer("g", bytemuck::cast_slice(&g)), ctx.storage_buffer("u", bytemuck::cast_slice(&u)));
+            let region = n_tokens as u64 * rows;
+            let y = ctx.empty_storage("y", region * shapes.len() as u64 * 4).unwrap();
+            let mut rec = cera_web::gpu::Recorder::new(&ctx);
+            for (i, cfg) in shapes.iter().enumerate() {
+                matmul::prepare_glu(&mut rec, *cfg, act, &w, &gb, &ub, x_off, &y, i as u64 * region, n_tokens).unwrap();
+            }
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            rec.encode(&mut enc).unwrap();
+            ctx.queue.submit([enc.finish()]);
+            let all = read_f32(&ctx, &y, 0, (region * shapes.len() as u64) as usize).await.unwrap();
+            let got: Vec<Vec<f32>> = all.chunks(region as usize).map(|c| c.to_vec()).collect();
+            let what = format!("glu {act:?} {n_tokens} tokens x at {x_off}");
+            worst = worst.max(check(ty, &what, &wf, &xs, x_off, rows, cols, n_tokens, &got));
+        }
+    }
+    // One buffer for two of gate, up and y is refused (one is written, or both are bound twice).
+    let b = ctx.empty_storage("b", 4096).unwrap();
+    let mut rec = cera_web::gpu::Recorder::new(&ctx);
+    assert!(matmul::prepare_glu(&mut rec, MatmulConfig::simple(1), Activation::Silu, &w, &b, &b, 0, &b, 0, 1).is_err());
+    tlog!("{ty} glu: worst relative error {worst:.2e} (tolerance {:.0e})", tolerance(ty));
+}
+
+gpu_test!(matmul_glu_input_f32, check_glu(GgmlType::F32));
+gpu_test!(matmul_glu_input_q8_0, check_glu(GgmlType::Q8_0));
+gpu_test!(matmul_glu_input_q4_k, check_glu(GgmlType::Q4K));
+gpu_test!(matmul_glu_input_q6_k, check_glu(GgmlType::Q6K));

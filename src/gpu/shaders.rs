@@ -8,6 +8,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("common_decls.tmpl", include_str!("../../shaders/common_decls.tmpl")),
     ("quant_decls.tmpl", include_str!("../../shaders/quant_decls.tmpl")),
     ("rope_decls.tmpl", include_str!("../../shaders/rope_decls.tmpl")),
+    ("act_decls.tmpl", include_str!("../../shaders/act_decls.tmpl")),
     ("argmax.wgsl", include_str!("../../shaders/argmax.wgsl")),
     ("kv_shift.wgsl", include_str!("../../shaders/kv_shift.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),

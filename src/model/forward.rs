@@ -334,7 +334,7 @@ impl Model {
         // held by the plan whose dispatches bind it.
         let attn_scratch = kernels::attention_scratch(ctx, hp, n, max_cells)?;
         let mut rec = Recorder::new(ctx);
-        let (e, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
+        let (e, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
 
         // x = embed(tokens) * embedding_scale                                   (n, n_embd)
         embed::prepare(&mut rec, self.w(names::TOKEN_EMBD), step, Step::IDS_OFFSET, n, hp.embedding_scale, &ws.x, 0)?;
@@ -367,8 +367,7 @@ impl Model {
             // Feed-forward: f = act(h W_gate) * (h W_up) W_down                      (n, n_embd)
             kernels::matmul(&mut rec, self.w(&layer.gate), &ws.h, &ws.gate, n)?;
             kernels::matmul(&mut rec, self.w(&layer.up), &ws.h, &ws.up, n)?;
-            kernels::glu(&mut rec, &ws.gate, &ws.up, n * ff, hp.activation)?;
-            kernels::matmul(&mut rec, self.w(&layer.down), &ws.gate, &ws.o, n)?;
+            kernels::glu_down(&mut rec, self.w(&layer.down), &ws.gate, &ws.up, &ws.o, n, hp.activation)?;
             // x += post_norm(f) * residual_scale;  h = norm(x) with the next layer's pre-norm
             // (the final norm after the last layer)                               one dispatch
             let post = layer.post_ffw_norm.as_ref().map(|w| self.w(w));

@@ -124,6 +124,19 @@ pub fn attention_scratch(ctx: &GpuContext, hp: &HParams, n: u32, max_cells: u32)
     Ok(Some(ctx.empty_storage("attention split scratch", bytes)?))
 }
 
+/// The feed-forward block's output `y (n, down.rows) = (act(gate) * up) W_down^T`: in one
+/// dispatch (the GLU computed as the down projection reads its input) where the down projection
+/// runs the matmul kernel; a GLU dispatch into `gate`, then the tiled GEMM, for prefill batches.
+#[allow(clippy::too_many_arguments)]
+pub fn glu_down(rec: &mut Recorder, down: &GpuTensor, gate: &wgpu::Buffer, up: &wgpu::Buffer, y: &wgpu::Buffer, n: u32, act: glu::Activation) -> Result<()> {
+    if crate::ops::gemm::use_gemm(rec.ctx, n) {
+        glu(rec, gate, up, n * down.cols as u32, act)?;
+        return matmul(rec, down, gate, y, n);
+    }
+    let cfg = if n == 1 { matmul::MatmulConfig::gemv_for(rec.ctx, down.ty, down.rows, down.cols) } else { matmul::MatmulConfig::gemm(rec.ctx) };
+    matmul::prepare_glu(rec, cfg, act, down, gate, up, 0, y, 0, n)
+}
+
 /// `gate (count) = act(gate) * up`.
 pub fn glu(rec: &mut Recorder, gate: &wgpu::Buffer, up: &wgpu::Buffer, count: u32, act: glu::Activation) -> Result<()> {
     let (g, u) = (View::rows(gate, 0, count as u64), View::rows(up, 0, count as u64));

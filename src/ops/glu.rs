@@ -27,7 +27,7 @@ pub enum Activation {
 }
 
 impl Activation {
-    fn define(self) -> &'static str {
+    pub(crate) fn define(self) -> &'static str {
         match self {
             Activation::Silu => "SILU",
             Activation::GeluTanh => "GELU",

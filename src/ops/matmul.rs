@@ -28,6 +28,7 @@ use std::mem::offset_of;
 use super::{Variant, WgslParams};
 use crate::error::{Error, ErrorCode, Result};
 use crate::gguf::GgmlType;
+use super::glu::Activation;
 use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
 
 pub const SHADER: &str = "matmul.wgsl";
@@ -349,6 +350,13 @@ pub fn variants() -> Vec<Variant> {
             let k = key(ty, cfg).expect("every listed type has a define");
             v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
         }
+        // X fused from a GLU, with each activation, on the shapes decode uses.
+        for cfg in [MatmulConfig::simple(1), MatmulConfig::team(256, 16, 1), MatmulConfig { x_vec4: true, ..MatmulConfig::team(256, 32, 1) }] {
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                let k = key_glu(ty, cfg, Some(act)).expect("every listed type has a define");
+                v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+            }
+        }
     }
     v
 }
@@ -432,12 +440,57 @@ pub fn prepare(
     y_offset: u64,
     n_tokens: u32,
 ) -> Result<()> {
+    prepare_with(rec, cfg, w, x, None, x_offset, y, y_offset, n_tokens)
+}
+
+/// `Y[t, r] = sum_c W[r, c] * (act(G[t, c]) * U[t, c])`: a feed-forward block's GLU fused into
+/// its down projection (`gate` and `up` in the same layout, from element `x_offset`).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_glu(
+    rec: &mut Recorder,
+    cfg: MatmulConfig,
+    act: Activation,
+    w: &GpuTensor,
+    gate: &wgpu::Buffer,
+    up: &wgpu::Buffer,
+    x_offset: u64,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    n_tokens: u32,
+) -> Result<()> {
+    if gate == up || gate == y || up == y {
+        return Err(Error::invalid("matmul glu: gate, up and y must be three buffers"));
+    }
+    prepare_with(rec, cfg, w, gate, Some((up, act)), x_offset, y, y_offset, n_tokens)
+}
+
+/// The pipeline key of a type and shape, with X fused from a GLU when `glu` is given.
+pub fn key_glu(ty: GgmlType, cfg: MatmulConfig, glu: Option<Activation>) -> Result<PipelineKey> {
+    let k = key(ty, cfg)?;
+    Ok(match glu {
+        Some(act) => k.define("X_GLU", "").define(act.define(), ""),
+        None => k,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn prepare_with(
+    rec: &mut Recorder,
+    cfg: MatmulConfig,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    glu: Option<(&wgpu::Buffer, Activation)>,
+    x_offset: u64,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    n_tokens: u32,
+) -> Result<()> {
     if n_tokens == 0 || w.rows == 0 {
         return Ok(());
     }
     let ctx = rec.ctx;
     let cfg = cfg.fit(ctx).for_x(x_offset, w.cols);
-    let pipe = ctx.pipeline(&key(w.ty, cfg)?)?;
+    let pipe = ctx.pipeline(&key_glu(w.ty, cfg, glu.map(|g| g.1))?)?;
     let wg = pipe.decisions.workgroup_size;
     let rpw = wg / key_u32(&pipe.key, "TPR");
     let nt = key_u32(&pipe.key, "NT");
@@ -466,17 +519,16 @@ pub fn prepare(
             pad1: 0,
         };
         let ubuf = rec.uniform(&label, &params);
-        rec.push(
-            "matmul",
-            &pipe,
-            &[
-                wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 1, resource: part.buffer.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 2, resource: x.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 3, resource: y.as_entire_binding() },
-            ],
-            grid,
-        );
+        let mut entries = vec![
+            wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 1, resource: part.buffer.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 2, resource: x.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 3, resource: y.as_entire_binding() },
+        ];
+        if let Some((up, _)) = glu {
+            entries.push(wgpu::BindGroupEntry { binding: 4, resource: up.as_entire_binding() });
+        }
+        rec.push("matmul", &pipe, &entries, grid);
     }
     Ok(())
 }
