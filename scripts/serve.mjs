@@ -14,7 +14,8 @@ const wwwArg = args.indexOf('--www');
 const www = wwwArg >= 0 ? resolve(args[wwwArg + 1]) : join(root, 'www');
 const mounts = [
   ['/pkg/', join(root, 'pkg')],
-  ['/models/', join(root, 'models')],
+  // The models folder scripts/fetch-model fills (CERA_MODELS_DIR, as there).
+  ['/models/', process.env.CERA_MODELS_DIR ? resolve(process.env.CERA_MODELS_DIR) : join(root, 'models')],
   ['/js/', join(root, 'js')],
   ['/fixtures/', join(root, 'tests', 'fixtures')],
   ['/', www],
