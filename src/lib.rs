@@ -1,6 +1,6 @@
 //! cera-web: GGUF language models on the GPU through WebGPU, natively (wgpu) and in the browser.
 //!
-//! Module map (each arrow in DESIGN.md's data flow is one module):
+//! Module map (each arrow in the data flow is one module):
 //! - [`gguf`]: streaming GGUF parser, bytes -> header and tensor table (no GPU).
 //! - [`quant`]: GGUF block formats, CPU dequantization reference.
 //! - [`gpu`]: context, limits, preprocessor, pipeline cache, dispatch grid, readback.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tokenizer reference fixtures from llama.cpp (issue 4 item 3).
+"""Tokenizer reference fixtures from llama.cpp.
 
 Writes, under tests/fixtures/tokenizer/:
   gemma3.json                the real Gemma 3 270M vocabulary (SentencePiece-style, "llama")

@@ -1,4 +1,4 @@
-//! Chat templates: messages -> the prompt text a model was trained on (DESIGN.md decision 11).
+//! Chat templates: messages -> the prompt text a model was trained on (docs/design.md, decision 11).
 //!
 //! The GGUF's `tokenizer.chat_template` is Jinja (Hugging Face's `apply_chat_template`); we render
 //! it with minijinja configured like transformers (`trim_blocks`, `lstrip_blocks`, no trailing

@@ -1,4 +1,4 @@
-//! Streaming GGUF parser: bytes in any chunking -> header, tensor table, tensor byte ranges (issue 3).
+//! Streaming GGUF parser: bytes in any chunking -> header, tensor table, tensor byte ranges.
 //!
 //! - [`GgufParser`] takes chunks (from a fetch stream or a file reader) and emits [`Event`]s:
 //!   the [`GgufHeader`] once, then each tensor's bytes in file order, borrowed from the chunk.

@@ -1,6 +1,6 @@
 //! The JS class: `Engine.load(source, options)` then `generate` / `chat` / `tokenize` / ...
 //!
-//! Thin and typed (STYLE.md 10): options are serde structs read with serde-wasm-bindgen, the two
+//! Thin and typed (docs/design.md, decision 12): options are serde structs read with serde-wasm-bindgen, the two
 //! callbacks (`onProgress`, `onToken`) and the `AbortSignal` are read by name, results are serde
 //! structs written back, errors are JS `Error`s with a stable `code` ([`super::js_error`]).
 //!
