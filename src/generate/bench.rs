@@ -22,6 +22,10 @@ pub struct BenchReport {
     pub decode_tok_s: f64,
     pub prefill_tok_s_runs: Vec<f64>,
     pub decode_tok_s_runs: Vec<f64>,
+    /// Decode with one readback per token (the path of sampled decoding, and of greedy decoding
+    /// with `chain` off): `decode_tok_s` chains greedy steps on the GPU as `generate` does.
+    pub decode_step_tok_s: f64,
+    pub decode_step_tok_s_runs: Vec<f64>,
     /// Milliseconds of one output-head GEMV (timed alone, many in one submission).
     pub head_gemv_ms: f64,
     /// `head_gemv_ms` over the median decode step.
@@ -67,30 +71,47 @@ pub async fn run(
     prompt.truncate(n_prompt.max(1) as usize);
     let opts = SessionOptions { n_ctx: n_prompt + n_gen + 8, batch: n_prompt.clamp(1, 512), ..Default::default() };
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts)?;
-    let (mut pre, mut dec) = (Vec::new(), Vec::new());
+    let (mut pre, mut dec, mut dec_step) = (Vec::new(), Vec::new(), Vec::new());
     let mut per_token = crate::gpu::context::Counts::default();
-    // One warm-up run (pipelines compile, buffers settle), then the timed ones.
+    let n_dec = n_gen.max(2) - 1;
+    // One warm-up run (pipelines compile, buffers settle), then the timed ones. Each run decodes
+    // twice from the same prompt: chained greedy steps (what `generate` runs for greedy
+    // decoding), then one readback per token.
     for run in 0..=runs {
         session.reset();
         let mut sampler = Sampler::new(SamplerParams::greedy());
         let t0 = now_s();
-        let mut id = session.step(&prompt, &mut sampler).await?;
+        let first = session.step(&prompt, &mut sampler).await?;
         let t1 = now_s();
         let c0 = ctx.counts();
-        for _ in 1..n_gen.max(1) {
-            id = session.step(&[id], &mut sampler).await?;
+        let mut id = first;
+        let mut left = n_dec;
+        while left > 0 {
+            let k = left.min(super::session::CHAIN);
+            let ids = session.decode_chained(id, k, &mut sampler).await?;
+            id = *ids.last().expect("k > 0 steps");
+            left -= k;
         }
         let t2 = now_s();
         per_token = ctx.counts().since(&c0);
+        session.rewind(n_dec)?;
+        let mut id = first;
+        let t3 = now_s();
+        for _ in 0..n_dec {
+            id = session.step(&[id], &mut sampler).await?;
+        }
+        let t4 = now_s();
         if run > 0 {
             pre.push(prompt.len() as f64 / (t1 - t0));
-            dec.push((n_gen.max(1) - 1) as f64 / (t2 - t1).max(1e-9));
+            dec.push(n_dec as f64 / (t2 - t1).max(1e-9));
+            dec_step.push(n_dec as f64 / (t4 - t3).max(1e-9));
         }
     }
     let prefill = median(&mut pre.clone());
     let decode = median(&mut dec.clone());
+    let decode_step = median(&mut dec_step.clone());
     let head_ms = head_gemv_ms(ctx, model).await?;
-    let steps = (n_gen.max(2) - 1) as f64;
+    let steps = n_dec as f64;
     let plan = session.decode_plan_kinds()?;
     let profile = if profile { Some(session.profile_decode().await?) } else { None };
     let profile_total_us = profile.as_ref().map(|p| p.iter().map(|k| k.us).sum());
@@ -105,6 +126,8 @@ pub async fn run(
         decode_tok_s: decode,
         prefill_tok_s_runs: pre,
         decode_tok_s_runs: dec,
+        decode_step_tok_s: decode_step,
+        decode_step_tok_s_runs: dec_step,
         head_gemv_ms: head_ms,
         head_share_of_decode: head_ms / (1000.0 / decode.max(1e-9)),
         dispatches_per_token: per_token.dispatches as f64 / steps,
