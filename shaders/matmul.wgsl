@@ -7,8 +7,7 @@
 //   TYPE_F32 | TYPE_F16 | TYPE_BF16 | TYPE_Q8_0 | TYPE_Q4_0 | TYPE_Q4_1 | TYPE_Q5_0 | TYPE_Q5_1 |
 //   TYPE_Q4_K | TYPE_Q5_K | TYPE_Q6_K: the weight type, in the GPU layout of src/quant/gpu.rs.
 //   WG_SIZE: invocations per workgroup. TPR: threads per row (a power of two dividing WG_SIZE),
-//   so a workgroup holds WG_SIZE / TPR row teams and covers ROWS times as many rows (ROWS is 1
-//   without WORDS). NT: tokens per invocation.
+//   so a workgroup covers WG_SIZE / TPR rows. NT: tokens per invocation.
 //   COOP (with TPR > 1): the TPR threads of a row (its team) split its units and add their
 //   partial sums in workgroup memory (log2 TPR barriers). Without COOP (TPR = 1) a thread walks a
 //   whole row and there is no barrier: the variant for CPU-emulated adapters, where barriers are
@@ -19,10 +18,6 @@
 //   elements of X (coalesced). Without WORDS lane l takes whole units (16 to 64 values), and a
 //   warp's loads are strided by a unit: on an H200 that read X through the L1 cache ~16 times
 //   more often than the bytes needed, and W at a third of copy bandwidth.
-//   ROWS (with WORDS): rows per team. The team decodes the same items of ROWS consecutive rows
-//   and applies each run of X it loads to all of them: X is read from cache once per ROWS rows
-//   instead of once per row. For the 4- and 8-bit types X (4 bytes a value) is most of the bytes
-//   a GEMV loads, so this is what lets their rows stream near copy bandwidth.
 //   UNROLL (with WORDS): items a lane decodes per loop step (a constant trip count the compiler
 //   unrolls, so their loads are in flight together).
 //   XVEC4: X is bound as vec4 (16-byte loads); the host sets it only when X[t, 0] is a multiple
@@ -75,10 +70,9 @@ struct MatmulParams {
 #endif
 #endif
 
-const RPW: u32 = WG_SIZE / TPR * ROWS; // rows per workgroup
-const NA: u32 = NT * ROWS;             // sums per thread: (NT, ROWS)
+const RPW: u32 = WG_SIZE / TPR; // rows per workgroup
 
-var<private> acc: array<f32, NA>; // partial sums of this thread's rows: acc[t * ROWS + k]
+var<private> acc: array<f32, NT>; // partial sums of this thread's row, one per token
 var<private> xbase: u32;           // X[t0, 0]
 var<private> nt: u32;              // tokens this thread writes (<= NT)
 
@@ -142,47 +136,26 @@ fn acc4_tail(wv: vec4<f32>, col: u32) {
 }
 
 #ifdef WORDS
+// The item decoders' sinks: acc[t] += dot(d * q (+ m), X[t, col .. col + 4]), with the scale
+// applied to the dot product (one multiply per 4 values) and the offset to the sum of X.
+fn accq(d: f32, q: vec4<f32>, col: u32) {
+    for (var t = 0u; t < NT; t++) {
+        acc[t] += d * dot(q, xv(xbase + t * p.x_stride + col));
+    }
+}
+fn accqm(d: f32, m: f32, q: vec4<f32>, col: u32) {
+    for (var t = 0u; t < NT; t++) {
+        let xt = xv(xbase + t * p.x_stride + col);
+        acc[t] += d * dot(q, xt) + m * dot(vec4<f32>(1.0), xt);
+    }
+}
 #define QUANT_ITEMS
 #endif
 #include "quant_decls.tmpl"
 
-#ifdef WORDS
-var<private> rowb: array<u32, ROWS>; // first word of each of the team's rows (clamped to the part)
-
-// Item j of each of the team's rows: the loads of all ROWS rows first, then each run of X
-// (loaded once) into every row's sums.
-fn rows_item(j: u32) {
-    var it: array<Item, ROWS>;
-    for (var k = 0u; k < ROWS; k++) {
-        it[k] = item(rowb[k], j);
-    }
-    for (var r = 0u; r < RUNS; r++) {
-        let col = item_col(j, r);
-        for (var t = 0u; t < NT; t++) {
-            var xt = xv(xbase + t * p.x_stride + col);
-#ifdef ITEM_TAIL
-#ifndef XVEC4
-            xt = select(vec4<f32>(0.0), xt, vec4<u32>(col) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.cols));
-#endif
-#endif
-#ifdef ITEM_MIN
-            let sx = dot(vec4<f32>(1.0), xt);
-#endif
-            for (var k = 0u; k < ROWS; k++) {
-#ifdef ITEM_MIN
-                acc[t * ROWS + k] += it[k].d[r] * dot(it[k].q[r], xt) + it[k].m[r] * sx;
-#else
-                acc[t * ROWS + k] += it[k].d[r] * dot(it[k].q[r], xt);
-#endif
-            }
-        }
-    }
-}
-#endif
-
 #ifdef COOP
 #ifndef SUBGROUP
-var<workgroup> red: array<f32, WG_SIZE * NA>; // (WG_SIZE, NA) partial sums
+var<workgroup> red: array<f32, WG_SIZE * NT>; // (WG_SIZE, NT) partial sums
 #endif
 #endif
 
@@ -206,7 +179,7 @@ fn matmul(
     let lane = lid % TPR;
     let slot = lid / TPR;
 #endif
-    let r = ((g % p.row_groups) * (WG_SIZE / TPR) + slot) * ROWS; // the team's first row
+    let r = (g % p.row_groups) * RPW + slot;
     // Workgroups past the grid's end have t0 >= n_tokens; rows past the part's end idle too
     // (but still take part in the reduction).
     let live = r < p.rows && t0 < p.n_tokens;
@@ -215,28 +188,24 @@ fn matmul(
         nt = min(NT, p.n_tokens - t0);
     }
     xbase = p.x_offset + t0 * p.x_stride;
-    for (var a = 0u; a < NA; a++) {
-        acc[a] = 0.0;
+    for (var t = 0u; t < NT; t++) {
+        acc[t] = 0.0;
     }
     if live {
+        let rb = r * p.row_words;
 #ifdef WORDS
-        // Rows past the part's end (a last team's) re-read its last row and are not written.
-        for (var k = 0u; k < ROWS; k++) {
-            rowb[k] = min(r + k, p.rows - 1u) * p.row_words;
-        }
         // UNROLL items per lane per step, their loads independent: bytes in flight.
         let n = items();
         var j = lane;
         for (; j + (UNROLL - 1u) * TPR < n; j += UNROLL * TPR) {
             for (var k = 0u; k < UNROLL; k++) {
-                rows_item(j + k * TPR);
+                item(rb, j + k * TPR);
             }
         }
         for (; j < n; j += TPR) {
-            rows_item(j);
+            item(rb, j);
         }
 #else
-        let rb = r * p.row_words;
         for (var u = lane; u < p.units; u += TPR) {
             unit(rb, u);
         }
@@ -244,37 +213,33 @@ fn matmul(
     }
 #ifdef COOP
 #ifdef SUBGROUP
-    // Butterfly within the team: after log2 TPR steps every lane holds the team's sums.
+    // Butterfly within the team: after log2 TPR steps every lane holds the team's sum.
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-        for (var a = 0u; a < NA; a++) {
-            acc[a] += subgroupShuffleXor(acc[a], s);
+        for (var t = 0u; t < NT; t++) {
+            acc[t] += subgroupShuffleXor(acc[t], s);
         }
     }
 #else
-    for (var a = 0u; a < NA; a++) {
-        red[lid * NA + a] = acc[a];
+    for (var t = 0u; t < NT; t++) {
+        red[lid * NT + t] = acc[t];
     }
     workgroupBarrier();
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
         if lane < s {
-            for (var a = 0u; a < NA; a++) {
-                red[lid * NA + a] += red[(lid + s) * NA + a];
+            for (var t = 0u; t < NT; t++) {
+                red[lid * NT + t] += red[(lid + s) * NT + t];
             }
         }
         workgroupBarrier();
     }
-    for (var a = 0u; a < NA; a++) {
-        acc[a] = red[lid * NA + a];
+    for (var t = 0u; t < NT; t++) {
+        acc[t] = red[lid * NT + t];
     }
 #endif
 #endif
     if live && lane == 0u {
         for (var t = 0u; t < nt; t++) {
-            for (var k = 0u; k < ROWS; k++) {
-                if r + k < p.rows {
-                    y[p.y_offset + (t0 + t) * p.y_stride + r + k] = acc[t * ROWS + k];
-                }
-            }
+            y[p.y_offset + (t0 + t) * p.y_stride + r] = acc[t];
         }
     }
 }

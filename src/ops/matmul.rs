@@ -130,8 +130,6 @@ pub struct MatmulConfig {
     /// Items each lane of an interleaved team decodes per loop step (`UNROLL`: their loads are
     /// independent, so this many are in flight per lane).
     pub unroll: u32,
-    /// Rows per interleaved team (`ROWS`): each run of X a lane loads serves this many rows.
-    pub rows: u32,
 }
 
 impl MatmulConfig {
@@ -145,7 +143,6 @@ impl MatmulConfig {
             subgroup: false,
             x_vec4: false,
             unroll: 4,
-            rows: 1,
         }
     }
 
@@ -158,7 +155,7 @@ impl MatmulConfig {
     /// A row team: `threads_per_row` threads take the row's items interleaved and add their sums
     /// with subgroup shuffles where the device has them (workgroup memory otherwise).
     pub const fn team(workgroup_size: u32, threads_per_row: u32, tokens_per_thread: u32) -> Self {
-        MatmulConfig { workgroup_size, threads_per_row, tokens_per_thread, interleaved: true, subgroup: true, x_vec4: false, unroll: 4, rows: 1 }
+        MatmulConfig { workgroup_size, threads_per_row, tokens_per_thread, interleaved: true, subgroup: true, x_vec4: false, unroll: 4 }
     }
 
     /// The GEMV shape for this device and any weight: simple on a CPU adapter, a 16-thread row
@@ -208,21 +205,16 @@ impl MatmulConfig {
         self.tokens_per_thread = self.tokens_per_thread.max(1);
         self.interleaved &= tpr > 1;
         self.unroll = self.unroll.clamp(1, 16);
-        self.rows = if self.interleaved { self.rows.clamp(1, 8) } else { 1 };
         self.subgroup &= tpr > 1
             && ctx.features.contains(wgpu::Features::SUBGROUP)
             && tpr <= ctx.adapter.subgroup_min_size
             && self.workgroup_size % ctx.adapter.subgroup_max_size.max(1) == 0;
         while tpr > 1
             && !self.subgroup
-            && self.workgroup_size * self.tokens_per_thread * self.rows * 4 > ctx.limits.max_compute_workgroup_storage_size
-            && self.tokens_per_thread * self.rows > 1
+            && self.workgroup_size * self.tokens_per_thread * 4 > ctx.limits.max_compute_workgroup_storage_size
+            && self.tokens_per_thread > 1
         {
-            if self.rows > 1 {
-                self.rows /= 2;
-            } else {
-                self.tokens_per_thread /= 2;
-            }
+            self.tokens_per_thread /= 2;
         }
         self
     }
@@ -235,7 +227,7 @@ impl MatmulConfig {
     }
 
     pub fn rows_per_workgroup(&self) -> u32 {
-        self.workgroup_size / self.threads_per_row * self.rows
+        self.workgroup_size / self.threads_per_row
     }
 }
 
@@ -245,9 +237,6 @@ impl std::fmt::Display for MatmulConfig {
         write!(f, "wg{} tpr{} nt{}", self.workgroup_size, self.threads_per_row, self.tokens_per_thread)?;
         if self.interleaved && self.unroll != 4 {
             write!(f, " u{}", self.unroll)?;
-        }
-        if self.rows != 1 {
-            write!(f, " r{}", self.rows)?;
         }
         for (on, name) in [(self.interleaved, "words"), (self.subgroup, "sg"), (self.x_vec4, "xvec4")] {
             if on {
@@ -275,8 +264,6 @@ impl std::str::FromStr for MatmulConfig {
                 cfg.tokens_per_thread = v;
             } else if let Some(v) = num("u") {
                 cfg.unroll = v;
-            } else if let Some(v) = num("r") {
-                cfg.rows = v;
             } else if part == "words" {
                 cfg.interleaved = true;
             } else if part == "sg" {
@@ -330,7 +317,7 @@ pub fn key(ty: GgmlType, cfg: MatmulConfig) -> Result<PipelineKey> {
     if cfg.interleaved {
         k = k.define("UNROLL", format!("{}u", cfg.unroll));
     }
-    Ok(k.define("ROWS", format!("{}u", if cfg.interleaved { cfg.rows } else { 1 })))
+    Ok(k)
 }
 
 /// Read a `u32` define back from a key (the dispatch reads the shape the shader was built with).
@@ -350,11 +337,6 @@ pub fn variants() -> Vec<Variant> {
     // The row teams, with and without subgroups and vec4 X, and the cooperative shape with vec4 X.
     shapes.push(MatmulConfig { x_vec4: true, ..MatmulConfig::cooperative(256, 8, 1) });
     shapes.push(MatmulConfig { unroll: 8, ..MatmulConfig::team(256, 32, 1) });
-    for rows in [2, 4, 8] {
-        for (subgroup, x_vec4) in [(true, true), (false, false)] {
-            shapes.push(MatmulConfig { rows, subgroup, x_vec4, unroll: 2, ..MatmulConfig::team(256, 16, 1) });
-        }
-    }
     for (tpr, nt) in [(8, 1), (16, 1), (32, 1), (16, 8)] {
         for subgroup in [false, true] {
             for x_vec4 in [false, true] {
@@ -510,7 +492,7 @@ fn prepare_with(
     let cfg = cfg.fit(ctx).for_x(x_offset, w.cols);
     let pipe = ctx.pipeline(&key_glu(w.ty, cfg, glu.map(|g| g.1))?)?;
     let wg = pipe.decisions.workgroup_size;
-    let rpw = wg / key_u32(&pipe.key, "TPR") * key_u32(&pipe.key, "ROWS");
+    let rpw = wg / key_u32(&pipe.key, "TPR");
     let nt = key_u32(&pipe.key, "NT");
     let too_big = |what: &str, v: u64| Error::invalid(format!("matmul {}: {what} = {v} does not fit in u32", w.name));
     let u32_of = |what: &str, v: u64| u32::try_from(v).map_err(|_| too_big(what, v));
