@@ -26,6 +26,9 @@ pub struct BenchReport {
     /// with `chain` off): `decode_tok_s` chains greedy steps on the GPU as `generate` does.
     pub decode_step_tok_s: f64,
     pub decode_step_tok_s_runs: Vec<f64>,
+    /// CPU milliseconds per chained decode token spent recording and submitting it (median
+    /// run): the floor on the time per token that the CPU sets.
+    pub cpu_record_ms_per_token: f64,
     /// Milliseconds of one output-head GEMV (timed alone, many in one submission).
     pub head_gemv_ms: f64,
     /// `head_gemv_ms` over the median decode step.
@@ -71,7 +74,7 @@ pub async fn run(
     prompt.truncate(n_prompt.max(1) as usize);
     let opts = SessionOptions { n_ctx: n_prompt + n_gen + 8, batch: n_prompt.clamp(1, 512), ..Default::default() };
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts)?;
-    let (mut pre, mut dec, mut dec_step) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut pre, mut dec, mut dec_step, mut rec_ms) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut per_token = crate::gpu::context::Counts::default();
     let n_dec = n_gen.max(2) - 1;
     // One warm-up run (pipelines compile, buffers settle), then the timed ones. Each run decodes
@@ -84,6 +87,7 @@ pub async fn run(
         let first = session.step(&prompt, &mut sampler).await?;
         let t1 = now_s();
         let c0 = ctx.counts();
+        let r0 = session.record_s;
         let mut id = first;
         let mut left = n_dec;
         while left > 0 {
@@ -94,6 +98,7 @@ pub async fn run(
         }
         let t2 = now_s();
         per_token = ctx.counts().since(&c0);
+        let recorded = session.record_s - r0;
         session.rewind(n_dec)?;
         let mut id = first;
         let t3 = now_s();
@@ -105,6 +110,7 @@ pub async fn run(
             pre.push(prompt.len() as f64 / (t1 - t0));
             dec.push(n_dec as f64 / (t2 - t1).max(1e-9));
             dec_step.push(n_dec as f64 / (t4 - t3).max(1e-9));
+            rec_ms.push(recorded * 1e3 / n_dec as f64);
         }
     }
     let prefill = median(&mut pre.clone());
@@ -128,6 +134,7 @@ pub async fn run(
         decode_tok_s_runs: dec,
         decode_step_tok_s: decode_step,
         decode_step_tok_s_runs: dec_step,
+        cpu_record_ms_per_token: median(&mut rec_ms),
         head_gemv_ms: head_ms,
         head_share_of_decode: head_ms / (1000.0 / decode.max(1e-9)),
         dispatches_per_token: per_token.dispatches as f64 / steps,

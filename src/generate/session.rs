@@ -82,6 +82,9 @@ pub struct Session {
     /// Readback ring of chained greedy steps: `(value bits, index)` per step ([`CHAIN`] slots).
     ring: Option<wgpu::Buffer>,
     pub shifts: u32,
+    /// CPU seconds spent recording and submitting chained decode steps (`cera bench` divides
+    /// by the steps: when it is close to the time per token, decoding is bound by the CPU).
+    pub record_s: f64,
 }
 
 impl Session {
@@ -92,7 +95,7 @@ impl Session {
         let kv = model.new_kv_cache(&ctx, opts.n_ctx)?;
         let batch = opts.batch.clamp(1, opts.n_ctx);
         let ws = model.workspace(&ctx, batch, 1)?;
-        Ok(Session { ctx, model, tok, opts, kv, ws, tokens: Vec::new(), have_logits: false, plans: Vec::new(), ring: None, shifts: 0 })
+        Ok(Session { ctx, model, tok, opts, kv, ws, tokens: Vec::new(), have_logits: false, plans: Vec::new(), ring: None, shifts: 0, record_s: 0.0 })
     }
 
     pub fn n_past(&self) -> u32 {
@@ -290,6 +293,7 @@ impl Session {
             }));
         }
         let n_vocab = self.model.hp.n_vocab;
+        let t0 = now_s();
         for i in 0..k {
             let pos0 = self.kv.n_past();
             let plan = self.plan_for(1, pos0 + 1)?;
@@ -306,6 +310,7 @@ impl Session {
             self.ctx.submit([enc.finish()]);
             self.kv.advance(1)?;
         }
+        self.record_s += now_s() - t0;
         let bytes = super::sampler::map_read(&self.ctx, self.ring.as_ref().expect("made above"), k as u64 * 8).await?;
         let ids: Vec<u32> = bytes.chunks_exact(8).map(|c| u32::from_le_bytes([c[4], c[5], c[6], c[7]])).collect();
         if let Some(pos) = ids.iter().position(|&t| t >= n_vocab) {
