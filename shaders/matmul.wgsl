@@ -23,8 +23,10 @@
 //   XVEC4: X is bound as vec4 (16-byte loads); the host sets it only when X[t, 0] is a multiple
 //   of 4 elements for every token (x_offset and cols multiples of 4).
 //   X_GLU (with SILU or GELU): X is a gated unit's output computed on the fly, X = act(G) * U,
-//   with G bound as `x` and U as `xu` (same layout): the GLU of a feed-forward block fused into
-//   its down projection, so no dispatch writes and re-reads the (T, n_ff) activations.
+//   with G bound as `x` and U as `xu` (same layout, xu_delta elements further: 0 for two
+//   buffers, n_ff when both are halves of one fused gate/up output bound twice): the GLU of a
+//   feed-forward block fused into its down projection, so no dispatch writes and re-reads the
+//   (T, n_ff) activations.
 //   SUBGROUP (with COOP): the team's partial sums are added with subgroupShuffleXor, no
 //   workgroup memory and no barrier. Lanes and rows then come from the subgroup builtins, so a
 //   team is TPR consecutive invocations of one subgroup whatever the hardware's mapping; the host
@@ -49,7 +51,7 @@ struct MatmulParams {
     y_offset: u32,   // element index of Y[0, first row of this part]
     y_stride: u32,   // elements between Y[t, r] and Y[t + 1, r]
     row_groups: u32, // ceil(rows / (WG_SIZE / TPR))
-    pad0: u32,
+    xu_delta: u32,   // X_GLU: elements from G[t, c] to U[t, c] (0: U is its own buffer)
     pad1: u32,
 }
 
@@ -64,9 +66,9 @@ struct MatmulParams {
 #ifdef X_GLU
 #include "act_decls.tmpl"
 #ifdef XVEC4
-@group(0) @binding(4) var<storage, read> xu: array<vec4<f32>>; // U: X's layout
+@group(0) @binding(4) var<storage, read> xu: array<vec4<f32>>; // U: X's layout, xu_delta further
 #else
-@group(0) @binding(4) var<storage, read> xu: array<f32>;       // U: X's layout
+@group(0) @binding(4) var<storage, read> xu: array<f32>;       // U: X's layout, xu_delta further
 #endif
 #endif
 
@@ -86,7 +88,7 @@ var<private> nt: u32;              // tokens this thread writes (<= NT)
 // X at element index i (scalar binding).
 fn xs(i: u32) -> f32 {
 #ifdef X_GLU
-    return act(x[i]) * xu[i];
+    return act(x[i]) * xu[i + p.xu_delta];
 #else
     return x[i];
 #endif
@@ -97,7 +99,7 @@ fn xs(i: u32) -> f32 {
 fn xv(i: u32) -> vec4<f32> {
 #ifdef XVEC4
 #ifdef X_GLU
-    return act4(x[i >> 2u]) * xu[i >> 2u];
+    return act4(x[i >> 2u]) * xu[(i + p.xu_delta) >> 2u];
 #else
     return x[i >> 2u];
 #endif

@@ -10,6 +10,10 @@
 //
 // Defines (chosen in src/ops/qk_rope.rs):
 //   WG_SIZE: invocations per workgroup, a power of two (the norm's tree reduction halves it).
+//   SRC: q, k and v are read from one source, the fused projection output `k` (T, in_stride):
+//     q head j of token t at q_offset + t * in_stride + j * head_dim, k and v heads likewise from
+//     k_offset and v_offset; the roped q is written to `q` (T, n_head, head_dim) from element 0.
+//     Without SRC, q is roped in place and k and v come from their own (T, n_kv_head, head_dim).
 //   NORM: normalise each head first (sum of squares: a strided partial sum per thread, then a tree
 //     in workgroup memory). Threads read other threads' elements for the sum, so a barrier
 //     separates those reads from the in-place writes of q. Without NORM there is no barrier.
@@ -29,14 +33,16 @@ struct QkRopeParams {
     q_offset: u32,  // element index of q[0, 0, 0]
     k_offset: u32,  // element index of k[0, 0, 0]
     v_offset: u32,  // element index of v[0, 0, 0]
-    pad0: u32,
+    in_stride: u32, // SRC: elements between one token's q, k, v and the next token's
 }
 
 @group(0) @binding(0) var<uniform> p: QkRopeParams;
-@group(0) @binding(1) var<storage, read_write> q: array<f32>;       // (T, n_head, head_dim) from q_offset
+@group(0) @binding(1) var<storage, read_write> q: array<f32>;       // (T, n_head, head_dim) from q_offset (SRC: from 0)
 @group(0) @binding(2) var<storage, read> freq: array<vec2<u32>>;    // (n_rot / 2): rope turns, fixed point
-@group(0) @binding(3) var<storage, read> k: array<f32>;             // (T, n_kv_head, head_dim) from k_offset
+@group(0) @binding(3) var<storage, read> k: array<f32>;             // (T, n_kv_head, head_dim) from k_offset (SRC: (T, in_stride))
+#ifndef SRC
 @group(0) @binding(4) var<storage, read> v: array<f32>;             // (T, n_kv_head, head_dim) from v_offset
+#endif
 @group(0) @binding(5) var<storage, read_write> k_cache: array<f32>; // (n_ctx, n_kv_head, head_dim)
 @group(0) @binding(6) var<storage, read_write> v_cache: array<f32>; // (n_ctx, n_kv_head, head_dim)
 @group(0) @binding(7) var<storage, read> step: StepState;           // this step's positions
@@ -47,10 +53,22 @@ var<workgroup> red: array<f32, WG_SIZE>;
 #endif
 
 fn load(is_q: bool, i: u32) -> f32 {
+#ifdef SRC
+    return k[i];
+#else
     if is_q {
         return q[i];
     }
     return k[i];
+#endif
+}
+
+fn load_v(i: u32) -> f32 {
+#ifdef SRC
+    return k[i];
+#else
+    return v[i];
+#endif
 }
 
 @compute @workgroup_size(WG_SIZE)
@@ -66,15 +84,29 @@ fn qk_rope(
     let is_q = row < nq;
     var t = 0u;
     var h = 0u;
-    var base = 0u;
+    var base = 0u;  // this head's first input element
+    var vb = 0u;    // k heads: the v head's first input element
+    var qout = 0u;  // q heads: the roped head's first output element
     if is_q {
         t = row / p.n_head;
+#ifdef SRC
+        base = p.q_offset + t * p.in_stride + (row % p.n_head) * p.head_dim;
+        qout = row * p.head_dim;
+#else
         base = p.q_offset + row * p.head_dim;
+        qout = base;
+#endif
     } else {
         let r = row - nq;
         t = r / p.n_kv_head;
         h = r % p.n_kv_head;
+#ifdef SRC
+        base = p.k_offset + t * p.in_stride + h * p.head_dim;
+        vb = p.v_offset + t * p.in_stride + h * p.head_dim;
+#else
         base = p.k_offset + r * p.head_dim;
+        vb = p.v_offset + r * p.head_dim;
+#endif
     }
 #ifdef NORM
     var ss = 0.0;
@@ -100,7 +132,6 @@ fn qk_rope(
     }
     let pos = step.pos0 + p.pos0 + t;
     let cell = (pos * p.n_kv_head + h) * p.head_dim;
-    let vb = p.v_offset + (row - nq) * p.head_dim;
     for (var j = lid; j < p.head_dim / 2u; j += WG_SIZE) {
         let e = rope_pair(j, p.n_rot, p.rope_type);
         var a0 = load(is_q, base + e.x);
@@ -116,13 +147,13 @@ fn qk_rope(
             a1 = r.y;
         }
         if is_q {
-            q[base + e.x] = a0;
-            q[base + e.y] = a1;
+            q[qout + e.x] = a0;
+            q[qout + e.y] = a1;
         } else {
             k_cache[cell + e.x] = a0;
             k_cache[cell + e.y] = a1;
-            v_cache[cell + 2u * j] = v[vb + 2u * j];
-            v_cache[cell + 2u * j + 1u] = v[vb + 2u * j + 1u];
+            v_cache[cell + 2u * j] = load_v(vb + 2u * j);
+            v_cache[cell + 2u * j + 1u] = load_v(vb + 2u * j + 1u);
         }
     }
 }

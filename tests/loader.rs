@@ -6,6 +6,7 @@ mod common;
 
 use cera_web::gguf::{GgmlType, GgufWriter};
 use cera_web::gpu::readback::read_buffer;
+use cera_web::gpu::{GpuContext, GpuTensor};
 use cera_web::loader::StreamLoader;
 use cera_web::quant::gpu::repack_rows;
 use cera_web::ErrorCode;
@@ -28,6 +29,21 @@ const TENSORS: &[(&str, GgmlType, u64, u64)] = &[
     ("a.q4_k", GgmlType::Q4K, 256, 6),
     ("a.q5_k", GgmlType::Q5K, 512, 3),
     ("a.q6_k", GgmlType::Q6K, 256, 5),
+    // Projections the loader fuses: q and k (one type) into one tensor, v (another type) alone;
+    // gate and up; a layer without k, whose q and v are not neighbours and stay apart.
+    ("blk.0.attn_q.weight", GgmlType::Q8_0, 64, 11),
+    ("blk.0.attn_k.weight", GgmlType::Q8_0, 64, 5),
+    ("blk.0.attn_v.weight", GgmlType::Q4_0, 64, 5),
+    ("blk.0.ffn_gate.weight", GgmlType::Q4K, 256, 3),
+    ("blk.0.ffn_up.weight", GgmlType::Q4K, 256, 4),
+    ("blk.1.attn_q.weight", GgmlType::F16, 33, 3),
+    ("blk.1.attn_v.weight", GgmlType::F16, 33, 2),
+];
+
+/// What the loader fuses from `TENSORS`: `(fused tensor, [(member, first row)])`.
+const FUSED: &[(&str, &[(&str, u64)])] = &[
+    ("blk.0.attn_q.weight+blk.0.attn_k.weight", &[("blk.0.attn_q.weight", 0), ("blk.0.attn_k.weight", 11)]),
+    ("blk.0.ffn_gate.weight+blk.0.ffn_up.weight", &[("blk.0.ffn_gate.weight", 0), ("blk.0.ffn_up.weight", 3)]),
 ];
 
 /// Random block bytes with every f16 field a sane small value (so no NaN patterns matter).
@@ -50,10 +66,22 @@ fn model(seed: u64) -> (Vec<u8>, Vec<Vec<u8>>) {
     (w.to_bytes(), datas)
 }
 
-async fn load_and_check(chunk: usize, staging: usize, max_binding: Option<u64>) {
+/// Bytes of rows `first .. first + rows` of `t`, across its parts.
+async fn read_rows(ctx: &GpuContext, t: &GpuTensor, first: u64, rows: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for part in &t.parts {
+        let (a, b) = (first.max(part.row_start), (first + rows).min(part.row_start + part.rows));
+        if a < b {
+            out.extend(read_buffer(ctx, &part.buffer, (a - part.row_start) * t.row_bytes, (b - a) * t.row_bytes).await.unwrap());
+        }
+    }
+    out
+}
+
+async fn load_and_check(chunk: usize, staging: usize, max_binding: Option<u64>, fuse: bool) {
     let ctx = common::context().await;
     let (file, datas) = model(7);
-    let mut loader = StreamLoader::new(&ctx, Some(file.len() as u64)).with_staging(staging);
+    let mut loader = StreamLoader::new(&ctx, Some(file.len() as u64)).with_staging(staging).with_fusion(fuse);
     if let Some(b) = max_binding {
         loader = loader.with_max_binding(b);
     }
@@ -66,34 +94,52 @@ async fn load_and_check(chunk: usize, staging: usize, max_binding: Option<u64>) 
     let model = loader.finish().unwrap();
     let max_row = TENSORS.iter().map(|t| t.1.row_bytes(t.2).unwrap()).max().unwrap() as usize;
     assert!(peak <= staging.max(max_row) + max_row, "staging held {peak} bytes (cap {staging})");
-    let mut splits = 0;
+    // Every tensor of the file, on its own or as rows of a fused one, holds its repacked bytes.
     for (&(name, ty, cols, rows), data) in TENSORS.iter().zip(&datas) {
-        let t = model.tensor(name).unwrap();
-        assert_eq!((t.ty, t.cols, t.rows), (ty, cols, rows));
-        if t.parts.len() > 1 {
-            splits += 1;
+        assert!(model.has(name), "{name} missing");
+        let (t, first) = model.rows_of(name).unwrap();
+        assert_eq!((t.ty, t.cols), (ty, cols), "{name}");
+        let fused = FUSED.iter().find(|(_, m)| m.iter().any(|&(n, _)| n == name));
+        match (fuse, fused) {
+            (true, Some((f, members))) => {
+                assert_eq!(t.name, *f, "{name} fused into");
+                assert_eq!(first, members.iter().find(|&&(n, _)| n == name).unwrap().1, "{name}: first row");
+                assert!(model.tensor(name).is_err(), "{name} also stands alone");
+            }
+            _ => assert_eq!((t.name.as_str(), first, t.rows), (name, 0, rows), "{name} stands alone"),
         }
         let mut want = Vec::new();
         repack_rows(ty, cols, data, &mut want).unwrap();
-        let mut got = Vec::new();
-        for part in &t.parts {
-            assert!(part.rows * t.row_bytes <= max_binding.unwrap_or(u64::MAX), "{name}: part above the binding cap");
-            got.extend(read_buffer(&ctx, &part.buffer, 0, part.rows * t.row_bytes).await.unwrap());
-        }
-        assert_eq!(got, want, "{name}: GPU bytes differ from the repacked file bytes");
+        assert_eq!(read_rows(&ctx, t, first, rows).await, want, "{name}: GPU bytes differ from the repacked file bytes");
     }
+    if fuse {
+        assert_eq!(model.fused.len(), FUSED.iter().map(|f| f.1.len()).sum::<usize>());
+        for (f, members) in FUSED {
+            let rows: u64 = members.iter().map(|&(n, _)| TENSORS.iter().find(|t| t.0 == n).unwrap().3).sum();
+            assert_eq!(model.tensor(f).unwrap().rows, rows, "{f}: rows");
+        }
+    } else {
+        assert!(model.fused.is_empty());
+    }
+    // The plan counts each buffer once, fused or not.
+    let gpu: u64 = model.tensors.values().map(|t| t.rows * t.row_bytes).sum();
+    assert_eq!(model.plan.total_gpu_bytes, gpu);
+    assert_eq!(model.plan.buffers, model.tensors.values().map(|t| t.parts.len()).sum::<usize>());
+    let splits = model.tensors.values().filter(|t| t.parts.len() > 1).count();
+    assert_eq!(model.plan.split_tensors, splits);
     if let Some(cap) = max_binding {
-        let expect = model.tensors.values().filter(|t| t.rows * t.row_bytes > cap).count();
-        assert!(expect >= 3, "the cap should force several splits");
-        assert_eq!(splits, expect);
-        assert_eq!(model.plan.split_tensors, splits);
+        for t in model.tensors.values() {
+            assert!(t.parts.iter().all(|p| p.rows * t.row_bytes <= cap), "{}: part above the binding cap", t.name);
+        }
+        assert!(splits >= 3, "the cap should force several splits");
     }
 }
 
-gpu_test!(whole_file_one_chunk, load_and_check(usize::MAX, 4 << 20, None));
-gpu_test!(chunks_of_7_bytes_staging_of_100, load_and_check(7, 100, None));
-gpu_test!(chunks_of_4096_forced_splits, load_and_check(4096, 1000, Some(512)));
-gpu_test!(chunks_of_1_byte_splits, load_and_check(1, 64, Some(1024)));
+gpu_test!(whole_file_one_chunk, load_and_check(usize::MAX, 4 << 20, None, true));
+gpu_test!(whole_file_without_fusion, load_and_check(usize::MAX, 4 << 20, None, false));
+gpu_test!(chunks_of_7_bytes_staging_of_100, load_and_check(7, 100, None, true));
+gpu_test!(chunks_of_4096_forced_splits, load_and_check(4096, 1000, Some(512), true));
+gpu_test!(chunks_of_1_byte_splits, load_and_check(1, 64, Some(1024), true));
 
 async fn errors() {
     let ctx = common::context().await;
@@ -103,7 +149,8 @@ async fn errors() {
     l.push(&file[..file.len() - 100]).unwrap();
     let e = l.finish().err().expect("truncated file must fail");
     assert_eq!(e.code, ErrorCode::BadGguf, "{e}");
-    assert!(e.message.contains("a.q6_k"), "names the tensor: {e}");
+    let last = TENSORS.last().unwrap().0;
+    assert!(e.message.contains(last), "names the tensor {last}: {e}");
     // Not a GGUF at all.
     let mut l = StreamLoader::new(&ctx, None);
     let e = l.push(b"PK\x03\x04 this is a zip file, not a model.......").unwrap_err();

@@ -214,6 +214,34 @@ async fn check_glu(ty: GgmlType) {
             let got: Vec<Vec<f32>> = all.chunks(region as usize).map(|c| c.to_vec()).collect();
             let what = format!("glu {act:?} {n_tokens} tokens x at {x_off}");
             worst = worst.max(check(ty, &what, &wf, &xs, x_off, rows, cols, n_tokens, &got));
+
+            // Gate and up as the two halves of one fused output (n_tokens, stride): gate from
+            // x_off, up `delta` further, 4 spare columns between and after (vec4-aligned when
+            // x_off is).
+            let (delta, stride) = (cols + 4, 2 * cols + 8);
+            let mut gu = vec![0f32; (x_off + n_tokens as u64 * stride) as usize];
+            for t in 0..n_tokens as u64 {
+                for c in 0..cols {
+                    let (i, j) = ((x_off + t * cols + c) as usize, (x_off + t * stride + c) as usize);
+                    gu[j] = g[i];
+                    gu[j + delta as usize] = u[i];
+                }
+            }
+            let gub = ctx.storage_buffer("gate|up", bytemuck::cast_slice(&gu));
+            let y = ctx.empty_storage("y", region * shapes.len() as u64 * 4).unwrap();
+            let mut rec = cera_web::gpu::Recorder::new(&ctx);
+            for (i, cfg) in shapes.iter().enumerate() {
+                matmul::prepare_glu_fused(&mut rec, *cfg, act, &w, &gub, x_off, delta, stride, &y, i as u64 * region, n_tokens).unwrap();
+            }
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            rec.encode(&mut enc).unwrap();
+            ctx.queue.submit([enc.finish()]);
+            let all = read_f32(&ctx, &y, 0, (region * shapes.len() as u64) as usize).await.unwrap();
+            let got: Vec<Vec<f32>> = all.chunks(region as usize).map(|c| c.to_vec()).collect();
+            worst = worst.max(check(ty, &format!("{what}, fused gate|up"), &wf, &xs, x_off, rows, cols, n_tokens, &got));
+            // Halves that overlap are refused.
+            let mut rec = cera_web::gpu::Recorder::new(&ctx);
+            assert!(matmul::prepare_glu_fused(&mut rec, MatmulConfig::simple(1), act, &w, &gub, x_off, cols - 1, stride, &y, 0, n_tokens).is_err());
         }
     }
     // One buffer for two of gate, up and y is refused (one is written, or both are bound twice).

@@ -13,6 +13,7 @@ use cera_web::kv::{KvCache, KvCacheConfig};
 use cera_web::ops::elementwise::{self, View};
 use cera_web::ops::glu::{self, Activation};
 use cera_web::ops::rope::{self, RopeTable};
+use cera_web::gpu::Recorder;
 use cera_web::ops::qk_rope::{self, QkvBuffers};
 use cera_web::ops::{embed, rmsnorm};
 use cera_web::quant::dequantize_to_vec;
@@ -400,6 +401,78 @@ gpu_test!(qk_rope_norms_ropes_and_writes_the_cache, async {
         assert!(qk_rope::encode(&ctx, &mut enc, &table, &shared, t, n_head, n_kv, norm_arg, 0).is_err());
     }
     tlog!("qk_rope: worst error {worst:.2e} (tolerance {:.0e})", tolerance("qk_rope"));
+});
+
+gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
+    // The forward pass's form: q, k and v are columns of one projection output (T, stride) with
+    // columns before, between and after them; the roped q goes to its own buffer. Same cases and
+    // references as the separate form.
+    let ctx = common::context().await;
+    let mut rng = Rng::new(29);
+    let eps = 1e-6f32;
+    let mut worst = 0.0f64;
+    let cases = [(4u32, 1u32, 256usize, 256usize, RopeType::Neox, 1u32, true), (6, 2, 64, 32, RopeType::Norm, 3, true), (6, 2, 64, 64, RopeType::Neox, 5, false)];
+    for (n_head, n_kv, hd, n_rot, rt, t, norm) in cases {
+        let what = format!("fused {n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm}");
+        let mut c = RopeConfig::new(hd, 10000.0, rt);
+        c.n_rot = n_rot;
+        let n_ctx = 20u32;
+        let cache = KvCache::new(
+            &ctx,
+            KvCacheConfig { n_ctx, n_kv_heads: n_kv, head_dim: hd as u32, layer_ropes: vec![c.clone()], shift_workgroup_size: None, max_scratch_cells: None },
+        )
+        .unwrap();
+        let table = RopeTable::new(&ctx, &c).unwrap();
+        let pos0 = 4u32;
+        let (qw, kw) = (n_head as usize * hd, n_kv as usize * hd);
+        // Row of a token: 5 columns of padding, q, 3, k, v, 2.
+        let (q_col, k_col) = (5usize, 5 + qw + 3);
+        let v_col = k_col + kw;
+        let stride = v_col + kw + 2;
+        let src: Vec<f32> = rng.vec(t as usize * stride).iter().map(|v| v * 4.0 + 0.2).collect();
+        let cols = |c0: usize, w: usize| -> Vec<f32> { (0..t as usize).flat_map(|i| src[i * stride + c0..i * stride + c0 + w].to_vec()).collect() };
+        let (q, k, v) = (cols(q_col, qw), cols(k_col, kw), cols(v_col, kw));
+        let w: Vec<f32> = rng.vec(2 * hd).iter().map(|v| 1.0 + v).collect();
+        let sb = ctx.storage_buffer("qkv", bytemuck::cast_slice(&src));
+        let qo = ctx.empty_storage("q out", (t as usize * qw * 4) as u64).unwrap();
+        let wb = ctx.storage_buffer("qk norm", bytemuck::cast_slice(&w));
+        let f = qk_rope::FusedQkv {
+            src: &sb,
+            stride: stride as u64,
+            q_col: q_col as u64,
+            k_col: k_col as u64,
+            v_col: v_col as u64,
+            q_out: &qo,
+            k_cache: cache.k(0),
+            v_cache: cache.v(0),
+        };
+        let norm_arg = if norm { Some((&wb, eps)) } else { None };
+        submit(&ctx, |enc| {
+            let mut rec = Recorder::new(&ctx);
+            qk_rope::prepare_fused(&mut rec, &table, &f, t, n_head, n_kv, norm_arg, pos0, ctx.zero_step()).unwrap();
+            rec.encode(enc).unwrap();
+        });
+        let (want_q, want_k) = qk_rope::reference(&table, &q, &k, n_head as usize, n_kv as usize, if norm { Some((&w, eps)) } else { None }, pos0);
+        let got_q = read(&ctx, &qo, 0, q.len()).await;
+        let kc = read(&ctx, cache.k(0), 0, n_ctx as usize * kw).await;
+        let vc = read(&ctx, cache.v(0), 0, n_ctx as usize * kw).await;
+        let cells = pos0 as usize * kw..(pos0 + t) as usize * kw;
+        let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        let (wq, wk) = (to64(&want_q), to64(&want_k));
+        let (dq, dk) = (row_max(&wq, hd), row_max(&wk, hd));
+        worst = worst.max(check("qk_rope", &format!("{what}: q"), &got_q, &wq, |i| dq[i]));
+        worst = worst.max(check("qk_rope", &format!("{what}: k cells"), &kc[cells.clone()], &wk, |i| dk[i]));
+        assert_eq!(&vc[cells.clone()], &v[..], "{what}: V cells");
+        assert!(kc[..cells.start].iter().chain(&kc[cells.end..]).all(|&v| v == 0.0), "{what}: K written outside its cells");
+        assert_eq!(read(&ctx, &sb, 0, src.len()).await, src, "{what}: the source is read only");
+        // Columns past the row, and the roped q written over the source, are refused.
+        let mut rec = Recorder::new(&ctx);
+        let past = qk_rope::FusedQkv { v_col: (stride - kw + 1) as u64, ..f };
+        assert!(qk_rope::prepare_fused(&mut rec, &table, &past, t, n_head, n_kv, norm_arg, pos0, ctx.zero_step()).is_err());
+        let over = qk_rope::FusedQkv { q_out: &sb, ..f };
+        assert!(qk_rope::prepare_fused(&mut rec, &table, &over, t, n_head, n_kv, norm_arg, pos0, ctx.zero_step()).is_err());
+    }
+    tlog!("qk_rope fused: worst error {worst:.2e} (tolerance {:.0e})", tolerance("qk_rope"));
 });
 
 gpu_test!(rope_kv_write_lands_in_cells_pos0_on, async {

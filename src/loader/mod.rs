@@ -8,7 +8,7 @@
 
 mod plan;
 
-pub use plan::{plan, MemoryPlan, PlannedTensor};
+pub use plan::{fused_name, plan, plan_with, MemoryPlan, PlannedTensor, FUSE_GROUPS};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,13 +41,32 @@ pub struct Progress {
 /// A model's weights on the GPU, by tensor name, with its header and the plan it was loaded by.
 pub struct LoadedModel {
     pub header: Arc<GgufHeader>,
+    /// The GPU tensors: the file's, less those fused, plus the fused ones (named by
+    /// [`fused_name`]).
     pub tensors: HashMap<String, GpuTensor>,
+    /// Each tensor of the file stored as rows of a fused tensor: `(fused tensor, first row)`.
+    pub fused: HashMap<String, (String, u64)>,
     pub plan: MemoryPlan,
 }
 
 impl LoadedModel {
+    /// A GPU tensor by name (a fused tensor by its fused name; see [`LoadedModel::rows_of`]).
     pub fn tensor(&self, name: &str) -> Result<&GpuTensor> {
         self.tensors.get(name).ok_or_else(|| Error::new(ErrorCode::BadGguf, format!("the model has no tensor {name}")))
+    }
+
+    /// Whether the file had tensor `name` (on the GPU alone or fused into another).
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name) || self.fused.contains_key(name)
+    }
+
+    /// Where a tensor of the file lives: the GPU tensor holding it and its first row there (0
+    /// unless it was fused).
+    pub fn rows_of(&self, name: &str) -> Result<(&GpuTensor, u64)> {
+        match self.fused.get(name) {
+            Some((f, row)) => Ok((self.tensor(f)?, *row)),
+            None => Ok((self.tensor(name)?, 0)),
+        }
     }
 
     /// Destroy every GPU buffer now (dropping does too, later).
@@ -86,6 +105,8 @@ pub struct StreamLoader<'a> {
     header: Option<Arc<GgufHeader>>,
     plan: Option<MemoryPlan>,
     tensors: HashMap<String, GpuTensor>,
+    fused: HashMap<String, (String, u64)>,
+    fuse: bool,
     current: Option<Current>,
     repacked: Vec<u8>,
     loaded_bytes: u64,
@@ -110,6 +131,8 @@ impl<'a> StreamLoader<'a> {
             header: None,
             plan: None,
             tensors: HashMap::new(),
+            fused: HashMap::new(),
+            fuse: true,
             current: None,
             repacked: Vec::new(),
             loaded_bytes: 0,
@@ -126,6 +149,12 @@ impl<'a> StreamLoader<'a> {
     }
 
     /// Split tensors at `bytes` instead of the device's binding limit (tests of the split path).
+    /// Store the projections of [`FUSE_GROUPS`] fused (the default) or each on its own.
+    pub fn with_fusion(mut self, fuse: bool) -> Self {
+        self.fuse = fuse;
+        self
+    }
+
     pub fn with_max_binding(mut self, bytes: u64) -> Self {
         self.max_binding = bytes.min(self.ctx.limits.max_binding()).max(4);
         self
@@ -187,12 +216,21 @@ impl<'a> StreamLoader<'a> {
         self.ctx.queue.submit([]);
         self.ctx.check_errors()?;
         let header = self.header.take().ok_or_else(|| Error::new(ErrorCode::BadGguf, "no GGUF header in the input"))?;
-        Ok(LoadedModel { header, tensors: std::mem::take(&mut self.tensors), plan: self.plan.take().unwrap_or_default() })
+        Ok(LoadedModel {
+            header,
+            tensors: std::mem::take(&mut self.tensors),
+            fused: std::mem::take(&mut self.fused),
+            plan: self.plan.take().unwrap_or_default(),
+        })
     }
 
     fn on_header(&mut self, h: Arc<GgufHeader>) -> Result<()> {
-        let plan = plan(&h, self.max_binding)?;
+        let plan = plan_with(&h, self.max_binding, self.fuse)?;
         for pt in &plan.tensors {
+            if let Some(into) = &pt.fused_into {
+                self.fused.insert(pt.name.clone(), into.clone());
+                continue;
+            }
             let mut parts = Vec::with_capacity(pt.parts.len());
             for (i, &(row_start, rows)) in pt.parts.iter().enumerate() {
                 let label = if pt.parts.len() > 1 { format!("{}[{i}]", pt.name) } else { pt.name.clone() };
@@ -255,11 +293,16 @@ impl<'a> StreamLoader<'a> {
         if whole == 0 {
             return Ok(());
         }
-        let tensor = self.tensors.get(&info.name).ok_or_else(|| Error::internal("tensor not planned"))?;
+        // A fused member's rows go to its place in the fused tensor.
+        let (tensor, base) = match self.fused.get(&info.name) {
+            Some((f, first)) => (self.tensors.get(f), *first),
+            None => (self.tensors.get(&info.name), 0),
+        };
+        let tensor = tensor.ok_or_else(|| Error::internal("tensor not planned"))?;
         let mut row = cur.next_row;
         let mut done = 0usize;
         while done < whole {
-            let (part, local) = tensor.locate(row).ok_or_else(|| Error::internal("row outside the tensor"))?;
+            let (part, local) = tensor.locate(base + row).ok_or_else(|| Error::internal("row outside the tensor"))?;
             let n = ((part.rows - local) as usize).min(whole - done);
             self.repacked.clear();
             repack_rows(info.ty, info.dims[0], &cur.pending[done * src_row..(done + n) * src_row], &mut self.repacked)?;

@@ -19,8 +19,14 @@ pub struct PlannedTensor {
     pub file_bytes: u64,
     /// Bytes of one row in the GPU layout.
     pub row_bytes: u64,
-    /// `(first row, rows)` of each buffer.
+    /// `(first row, rows)` of each buffer (none for a tensor fused into another).
     pub parts: Vec<(u64, u64)>,
+    /// A projection stored as rows of a fused tensor: `(fused tensor, its first row there)`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fused_into: Option<(String, u64)>,
+    /// A fused tensor: its members in row order (empty for a tensor of the file).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<String>,
 }
 
 fn ser_ty<S: serde::Serializer>(t: &GgmlType, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -41,34 +47,109 @@ pub struct MemoryPlan {
     pub total_gpu_bytes: u64,
 }
 
-/// Plan every tensor of `header` for bindings of at most `max_binding` bytes.
+/// Projections that read the same input, in the row order a fused tensor stores them: a layer's
+/// query, key and value, and its gate and up. Runs of consecutive members with the same type and
+/// width are stored as one tensor, so one GEMV computes them all (fewer dispatches per token).
+pub const FUSE_GROUPS: [&[&str]; 2] = [&["attn_q.weight", "attn_k.weight", "attn_v.weight"], &["ffn_gate.weight", "ffn_up.weight"]];
+
+/// The name of the tensor fusing `members` (full names, in row order).
+pub fn fused_name(members: &[String]) -> String {
+    members.join("+")
+}
+
+/// Plan every tensor of `header` for bindings of at most `max_binding` bytes, fusing the
+/// projections of [`FUSE_GROUPS`].
 pub fn plan(header: &GgufHeader, max_binding: u64) -> Result<MemoryPlan> {
+    plan_with(header, max_binding, true)
+}
+
+/// [`plan`], with fusion on or off.
+pub fn plan_with(header: &GgufHeader, max_binding: u64, fuse: bool) -> Result<MemoryPlan> {
     crate::gguf::check_gpu_supported(header).map_err(super::gguf_error)?;
     let mut p = MemoryPlan { max_binding, ..Default::default() };
     for t in header.tensors() {
         let cols = t.dims.first().copied().unwrap_or(1);
-        let rows = t.n_rows();
-        let row_bytes = gpu_row_bytes(t.ty, cols);
-        let parts = plan_parts(rows, row_bytes, max_binding).map_err(|e| {
-            Error::new(ErrorCode::AdapterTooSmall, format!("tensor {}: {e}; this adapter cannot hold the model", t.name))
-        })?;
-        if parts.len() > 1 {
-            p.split_tensors += 1;
-        }
-        p.buffers += parts.len();
-        let gpu = rows * row_bytes;
-        p.total_gpu_bytes += gpu;
         *p.file_bytes_per_type.entry(t.ty.name().to_string()).or_default() += t.size;
-        *p.gpu_bytes_per_type.entry(t.ty.name().to_string()).or_default() += gpu;
         p.tensors.push(PlannedTensor {
             name: t.name.clone(),
             ty: t.ty,
             cols,
-            rows,
+            rows: t.n_rows(),
             file_bytes: t.size,
-            row_bytes,
-            parts,
+            row_bytes: gpu_row_bytes(t.ty, cols),
+            parts: Vec::new(),
+            fused_into: None,
+            members: Vec::new(),
         });
     }
+    if fuse {
+        let fused = fusion_runs(&p.tensors);
+        for members in fused {
+            let idx: Vec<usize> = members.iter().map(|m| p.tensors.iter().position(|t| &t.name == m).expect("a planned name")).collect();
+            let first = &p.tensors[idx[0]];
+            let name = fused_name(&members);
+            let mut t = PlannedTensor {
+                name: name.clone(),
+                ty: first.ty,
+                cols: first.cols,
+                rows: 0,
+                file_bytes: 0,
+                row_bytes: first.row_bytes,
+                parts: Vec::new(),
+                fused_into: None,
+                members,
+            };
+            for &i in &idx {
+                p.tensors[i].fused_into = Some((name.clone(), t.rows));
+                t.rows += p.tensors[i].rows;
+                t.file_bytes += p.tensors[i].file_bytes;
+            }
+            p.tensors.push(t);
+        }
+    }
+    for t in p.tensors.iter_mut().filter(|t| t.fused_into.is_none()) {
+        t.parts = plan_parts(t.rows, t.row_bytes, max_binding).map_err(|e| {
+            Error::new(ErrorCode::AdapterTooSmall, format!("tensor {}: {e}; this adapter cannot hold the model", t.name))
+        })?;
+        if t.parts.len() > 1 {
+            p.split_tensors += 1;
+        }
+        p.buffers += t.parts.len();
+        let gpu = t.rows * t.row_bytes;
+        p.total_gpu_bytes += gpu;
+        *p.gpu_bytes_per_type.entry(t.ty.name().to_string()).or_default() += gpu;
+    }
     Ok(p)
+}
+
+/// The member lists to fuse: per layer and group of [`FUSE_GROUPS`], each run of two or more
+/// consecutive present members with one type and width (Gemma 3 270M Q4_K_M: q and k are Q5_0,
+/// v is Q8_0, so q and k fuse and v stays alone).
+fn fusion_runs(tensors: &[PlannedTensor]) -> Vec<Vec<String>> {
+    let find = |name: &str| tensors.iter().find(|t| t.name == name);
+    let mut out = Vec::new();
+    for t in tensors {
+        for group in FUSE_GROUPS {
+            let Some(prefix) = t.name.strip_suffix(group[0]) else { continue };
+            if !prefix.starts_with("blk.") {
+                continue;
+            }
+            let mut run: Vec<&PlannedTensor> = Vec::new();
+            for m in group.iter().map(|m| find(&format!("{prefix}{m}"))) {
+                match (m, run.last()) {
+                    (Some(m), Some(last)) if m.ty == last.ty && m.cols == last.cols && m.row_bytes > 0 => run.push(m),
+                    (m, _) => {
+                        if run.len() > 1 {
+                            out.push(run.iter().map(|t| t.name.clone()).collect());
+                        }
+                        run = m.into_iter().collect();
+                    }
+                }
+            }
+            if run.len() > 1 {
+                out.push(run.iter().map(|t| t.name.clone()).collect());
+            }
+        }
+    }
+    out
 }

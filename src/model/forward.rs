@@ -32,12 +32,19 @@ pub enum LogitRows {
     All,
 }
 
+/// One GPU tensor computing some columns of a projection output: `tensor` (a tensor of the file,
+/// or several fused at load) writes columns `col .. col + tensor.rows`.
+struct Proj {
+    tensor: String,
+    col: u64,
+}
+
 /// The weights of one layer, borrowed by name from the loaded model.
 struct Layer {
     attn_norm: String,
-    q: String,
-    k: String,
-    v: String,
+    /// Writing q, k and v side by side, `(n, q_dim + 2 kv_dim)`: one GEMV where the loader fused
+    /// them, up to three where their types differ.
+    qkv: Vec<Proj>,
     q_bias: Option<String>,
     k_bias: Option<String>,
     v_bias: Option<String>,
@@ -46,8 +53,8 @@ struct Layer {
     o: String,
     post_attn_norm: Option<String>,
     ffn_norm: String,
-    gate: String,
-    up: String,
+    /// Writing gate and up side by side, `(n, 2 n_ff)`.
+    gate_up: Vec<Proj>,
     down: String,
     post_ffw_norm: Option<String>,
     /// The QK-norm weights side by side, `(2, head_dim)` f32 (q's, then k's), as `qk_rope` binds
@@ -76,13 +83,14 @@ pub struct Workspace {
     pub step: Step,
     x: wgpu::Buffer,
     h: wgpu::Buffer,
+    /// q, k, v projections side by side, `(n, q_dim + 2 kv_dim)`.
+    pub(crate) qkv: wgpu::Buffer,
+    /// The roped q, `(n, q_dim)`.
     pub(crate) q: wgpu::Buffer,
-    pub(crate) kk: wgpu::Buffer,
-    pub(crate) vv: wgpu::Buffer,
     att: wgpu::Buffer,
     o: wgpu::Buffer,
-    gate: wgpu::Buffer,
-    up: wgpu::Buffer,
+    /// gate and up side by side, `(n, 2 n_ff)`.
+    gate_up: wgpu::Buffer,
     /// `(rows, n_vocab)` f32.
     pub logits: wgpu::Buffer,
 }
@@ -91,7 +99,7 @@ impl Model {
     /// Check the tensors an architecture needs and bind them by name.
     pub async fn new(ctx: &GpuContext, weights: LoadedModel) -> Result<Self> {
         let hp = HParams::from_gguf(&weights.header)?;
-        let has = |n: &str| weights.tensors.contains_key(n);
+        let has = |n: &str| weights.has(n);
         let need = |n: String| -> Result<String> {
             if has(&n) {
                 Ok(n)
@@ -103,11 +111,11 @@ impl Model {
         let mut layers = Vec::with_capacity(hp.n_layer as usize);
         for l in 0..hp.n_layer {
             let gemma = hp.arch == Arch::Gemma3;
+            let qkv = [need(T::AttnQ.name(l))?, need(T::AttnK.name(l))?, need(T::AttnV.name(l))?];
+            let gate_up = [need(T::FfnGate.name(l))?, need(T::FfnUp.name(l))?];
             layers.push(Layer {
                 attn_norm: need(T::AttnNorm.name(l))?,
-                q: need(T::AttnQ.name(l))?,
-                k: need(T::AttnK.name(l))?,
-                v: need(T::AttnV.name(l))?,
+                qkv: projections(&weights, &qkv, &[hp.q_dim() as u64, hp.kv_dim() as u64, hp.kv_dim() as u64])?,
                 q_bias: opt(T::AttnQBias.name(l)),
                 k_bias: opt(T::AttnKBias.name(l)),
                 v_bias: opt(T::AttnVBias.name(l)),
@@ -116,8 +124,7 @@ impl Model {
                 o: need(T::AttnOutput.name(l))?,
                 post_attn_norm: if gemma { Some(need(T::PostAttentionNorm.name(l))?) } else { None },
                 ffn_norm: need(T::FfnNorm.name(l))?,
-                gate: need(T::FfnGate.name(l))?,
-                up: need(T::FfnUp.name(l))?,
+                gate_up: projections(&weights, &gate_up, &[hp.n_ff as u64, hp.n_ff as u64])?,
                 down: need(T::FfnDown.name(l))?,
                 post_ffw_norm: if gemma { Some(need(T::PostFfwNorm.name(l))?) } else { None },
                 qk_norm: None,
@@ -228,13 +235,11 @@ impl Model {
             step: Step::new(ctx, max_batch)?,
             x: f("x", b * hp.n_embd as u64)?,
             h: f("h", b * hp.n_embd as u64)?,
+            qkv: f("qkv", b * (hp.q_dim() + 2 * hp.kv_dim()) as u64)?,
             q: f("q", b * hp.q_dim() as u64)?,
-            kk: f("k", b * hp.kv_dim() as u64)?,
-            vv: f("v", b * hp.kv_dim() as u64)?,
             att: f("attn", b * hp.q_dim() as u64)?,
             o: f("o", b * hp.n_embd as u64)?,
-            gate: f("gate", b * hp.n_ff as u64)?,
-            up: f("up", b * hp.n_ff as u64)?,
+            gate_up: f("gate_up", b * 2 * hp.n_ff as u64)?,
             logits: f("logits", max_logit_rows as u64 * hp.n_vocab as u64)?,
         })
     }
@@ -344,13 +349,14 @@ impl Model {
         kernels::rmsnorm(&mut rec, &ws.x, Some(self.w(&self.layers[0].attn_norm)), &ws.h, n, e, hp.rms_eps)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let rope_table = &self.rope_tables[self.layer_table[l]];
-            // q, k, v projections of h (+ bias)                         (n, q_dim), (n, kv_dim)
-            kernels::matmul(&mut rec, self.w(&layer.q), &ws.h, &ws.q, n)?;
-            kernels::matmul(&mut rec, self.w(&layer.k), &ws.h, &ws.kk, n)?;
-            kernels::matmul(&mut rec, self.w(&layer.v), &ws.h, &ws.vv, n)?;
-            for (bias, buf, dim) in [(&layer.q_bias, &ws.q, qd), (&layer.k_bias, &ws.kk, kvd), (&layer.v_bias, &ws.vv, kvd)] {
+            // q, k, v projections of h (+ bias), side by side         (n, q_dim + 2 kv_dim)
+            let qkv_w = (qd + 2 * kvd) as u64;
+            for p in &layer.qkv {
+                kernels::matmul_cols(&mut rec, self.w(&p.tensor), &ws.h, &ws.qkv, p.col, qkv_w, n)?;
+            }
+            for (bias, col, dim) in [(&layer.q_bias, 0, qd), (&layer.k_bias, qd, kvd), (&layer.v_bias, qd + kvd, kvd)] {
                 if let Some(b) = bias {
-                    kernels::add_bias(&mut rec, buf, self.w(b), n, dim)?;
+                    kernels::add_bias_cols(&mut rec, &ws.qkv, col as u64, qkv_w, self.w(b), n, dim)?;
                 }
             }
             // [QK-norm (Qwen3, Gemma 3)], rope q in place, rope k and write k, v into the cache at
@@ -365,9 +371,10 @@ impl Model {
             let post = layer.post_attn_norm.as_ref().map(|w| self.w(w));
             kernels::residual_norm(&mut rec, &ws.x, &ws.o, post, hp.residual_scale, self.w(&layer.ffn_norm), &ws.h, n, e, hp.rms_eps)?;
             // Feed-forward: f = act(h W_gate) * (h W_up) W_down                      (n, n_embd)
-            kernels::matmul(&mut rec, self.w(&layer.gate), &ws.h, &ws.gate, n)?;
-            kernels::matmul(&mut rec, self.w(&layer.up), &ws.h, &ws.up, n)?;
-            kernels::glu_down(&mut rec, self.w(&layer.down), &ws.gate, &ws.up, &ws.o, n, hp.activation)?;
+            for p in &layer.gate_up {
+                kernels::matmul_cols(&mut rec, self.w(&p.tensor), &ws.h, &ws.gate_up, p.col, 2 * hp.n_ff as u64, n)?;
+            }
+            kernels::glu_down(&mut rec, self.w(&layer.down), &ws.gate_up, &ws.o, n, hp.activation)?;
             // x += post_norm(f) * residual_scale;  h = norm(x) with the next layer's pre-norm
             // (the final norm after the last layer)                               one dispatch
             let post = layer.post_ffw_norm.as_ref().map(|w| self.w(w));
@@ -390,6 +397,28 @@ impl Model {
         }
         Ok(ForwardPlan { n_tokens: n, rows, max_cells, prepared: rec.finish(), _attn_scratch: attn_scratch })
     }
+}
+
+/// The GPU tensors computing projections `members` (tensors of the file, in output column order,
+/// `widths` columns each): one per fused run, each with its first output column.
+fn projections(weights: &LoadedModel, members: &[String], widths: &[u64]) -> Result<Vec<Proj>> {
+    let mut out: Vec<Proj> = Vec::new();
+    let mut col = 0;
+    for (m, &width) in members.iter().zip(widths) {
+        let (t, first_row) = weights.rows_of(m)?;
+        let rows = weights.header.tensor(m).map(|i| i.n_rows()).unwrap_or(t.rows);
+        if rows != width {
+            return Err(Error::new(ErrorCode::BadGguf, format!("{m} has {rows} rows, {width} expected")));
+        }
+        // A member fused behind the previous one is computed by the same GEMV.
+        match out.last() {
+            Some(last) if first_row > 0 && last.tensor == t.name => {}
+            _ if first_row > 0 => return Err(Error::internal(format!("{m} is fused behind a tensor this layer does not use"))),
+            _ => out.push(Proj { tensor: t.name.clone(), col }),
+        }
+        col += width;
+    }
+    Ok(out)
 }
 
 /// A forward pass prepared once for a batch shape ([`Model::plan`]), recorded every step.

@@ -47,13 +47,21 @@ pub fn matmul_at(rec: &mut Recorder, w: &GpuTensor, x: &wgpu::Buffer, x_off: u64
     matmul::prepare_auto(rec, w, x, x_off, y, y_off, n)
 }
 
-/// `x (n, dim) += bias`.
-pub fn add_bias(rec: &mut Recorder, x: &wgpu::Buffer, bias: &GpuTensor, n: u32, dim: u32) -> Result<()> {
-    elementwise::prepare_bias_add(rec, View::rows(x, 0, dim as u64), bias, n, dim)
+/// Columns `col .. col + w.rows` of `y (n, stride)` = `x (n, w.cols) W^T`: one projection's part
+/// of a wider output.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_cols(rec: &mut Recorder, w: &GpuTensor, x: &wgpu::Buffer, y: &wgpu::Buffer, col: u64, stride: u64, n: u32) -> Result<()> {
+    matmul::prepare_auto_strided(rec, w, x, 0, None, y, col, Some(stride), n)
 }
 
-/// [QK-norm], rope `q` in place and `k` into the cache of layer `l`, `v` into the cache, at the
-/// step's positions (`ws.q`, `ws.kk`, `ws.vv`: one batch of the workspace).
+/// Columns `col .. col + dim` of `x (n, stride)` += bias.
+#[allow(clippy::too_many_arguments)]
+pub fn add_bias_cols(rec: &mut Recorder, x: &wgpu::Buffer, col: u64, stride: u64, bias: &GpuTensor, n: u32, dim: u32) -> Result<()> {
+    elementwise::prepare_bias_add(rec, View { buffer: x, offset: col, stride }, bias, n, dim)
+}
+
+/// [QK-norm], rope q (into `ws.q`) and k (into the cache of layer `l`), v into the cache, at the
+/// step's positions, reading q, k, v from the projections' output `ws.qkv`.
 #[allow(clippy::too_many_arguments)]
 pub fn qk_rope(
     rec: &mut Recorder,
@@ -66,8 +74,18 @@ pub fn qk_rope(
     norm: Option<(&wgpu::Buffer, f32)>,
     step: &wgpu::Buffer,
 ) -> Result<()> {
-    let b = qk_rope::QkvBuffers { q: &ws.q, q_offset: 0, k: &ws.kk, k_offset: 0, v: &ws.vv, v_offset: 0, k_cache: kv.k(layer), v_cache: kv.v(layer) };
-    qk_rope::prepare(rec, table, &b, n, hp.n_head, hp.n_head_kv, norm, 0, step)
+    let (qd, kvd) = (hp.q_dim() as u64, hp.kv_dim() as u64);
+    let f = qk_rope::FusedQkv {
+        src: &ws.qkv,
+        stride: qd + 2 * kvd,
+        q_col: 0,
+        k_col: qd,
+        v_col: qd + kvd,
+        q_out: &ws.q,
+        k_cache: kv.k(layer),
+        v_cache: kv.v(layer),
+    };
+    qk_rope::prepare_fused(rec, table, &f, n, hp.n_head, hp.n_head_kv, norm, 0, step)
 }
 
 /// `out (n, n_head, head_dim) = softmax(q K^T * scale + mask) V` over the cache, at the step's
@@ -124,23 +142,21 @@ pub fn attention_scratch(ctx: &GpuContext, hp: &HParams, n: u32, max_cells: u32)
     Ok(Some(ctx.empty_storage("attention split scratch", bytes)?))
 }
 
-/// The feed-forward block's output `y (n, down.rows) = (act(gate) * up) W_down^T`: in one
-/// dispatch (the GLU computed as the down projection reads its input) where the down projection
-/// runs the matmul kernel; a GLU dispatch into `gate`, then the tiled GEMM, for prefill batches.
-#[allow(clippy::too_many_arguments)]
-pub fn glu_down(rec: &mut Recorder, down: &GpuTensor, gate: &wgpu::Buffer, up: &wgpu::Buffer, y: &wgpu::Buffer, n: u32, act: glu::Activation) -> Result<()> {
+/// The feed-forward block's output `y (n, down.rows) = (act(gate) * up) W_down^T`, from gate and
+/// up side by side in `gate_up (n, 2 n_ff)`: in one dispatch (the GLU computed as the down
+/// projection reads its input) where the down projection runs the matmul kernel; a GLU dispatch
+/// (into the gate half), then the tiled GEMM, for prefill batches.
+pub fn glu_down(rec: &mut Recorder, down: &GpuTensor, gate_up: &wgpu::Buffer, y: &wgpu::Buffer, n: u32, act: glu::Activation) -> Result<()> {
+    let n_ff = down.cols;
     if crate::ops::gemm::use_gemm(rec.ctx, n) {
-        glu(rec, gate, up, n * down.cols as u32, act)?;
-        return matmul(rec, down, gate, y, n);
+        let g = View { buffer: gate_up, offset: 0, stride: 2 * n_ff };
+        let u = View { buffer: gate_up, offset: n_ff, stride: 2 * n_ff };
+        glu::prepare(rec, act, g, u, g, n, n_ff as u32)?;
+        let cfg = crate::ops::gemm::GemmConfig::for_shape(rec.ctx, down.rows, n);
+        return crate::ops::gemm::prepare_strided(rec, cfg, down, gate_up, 0, Some(2 * n_ff), y, 0, None, n);
     }
     let cfg = if n == 1 { matmul::MatmulConfig::gemv_for(rec.ctx, down.ty, down.rows, down.cols) } else { matmul::MatmulConfig::gemm(rec.ctx) };
-    matmul::prepare_glu(rec, cfg, act, down, gate, up, 0, y, 0, n)
-}
-
-/// `gate (count) = act(gate) * up`.
-pub fn glu(rec: &mut Recorder, gate: &wgpu::Buffer, up: &wgpu::Buffer, count: u32, act: glu::Activation) -> Result<()> {
-    let (g, u) = (View::rows(gate, 0, count as u64), View::rows(up, 0, count as u64));
-    glu::prepare(rec, act, g, u, g, 1, count)
+    matmul::prepare_glu_fused(rec, cfg, act, down, gate_up, 0, n_ff, 2 * n_ff, y, 0, n)
 }
 
 /// `x (count) *= s`.

@@ -323,6 +323,24 @@ pub fn prepare(
     y_stride: Option<u64>,
     n_tokens: u32,
 ) -> Result<()> {
+    prepare_strided(rec, cfg, w, x, x_offset, None, y, y_offset, y_stride, n_tokens)
+}
+
+/// [`prepare`] with X's rows `x_stride` elements apart (default `w.cols`): the columns of a
+/// wider activation.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_strided(
+    rec: &mut Recorder,
+    cfg: GemmConfig,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    x_offset: u64,
+    x_stride: Option<u64>,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    y_stride: Option<u64>,
+    n_tokens: u32,
+) -> Result<()> {
     if n_tokens == 0 || w.rows == 0 {
         return Ok(());
     }
@@ -332,13 +350,17 @@ pub fn prepare(
     if y_stride < w.rows {
         return Err(Error::invalid(format!("gemm {}: y stride {y_stride} is below the {} rows", w.name, w.rows)));
     }
+    let x_stride = x_stride.unwrap_or(w.cols);
+    if x_stride < w.cols {
+        return Err(Error::invalid(format!("gemm {}: x stride {x_stride} is below the {} cols", w.name, w.cols)));
+    }
     let pipe: Arc<CachedPipeline> = ctx.pipeline(&key(w.ty, cfg)?)?;
     let (bm, bn) = (key_u32(&pipe.key, "BM")? as u64, key_u32(&pipe.key, "BN")? as u64);
     let u32_of =
         |what: &str, v: u64| u32::try_from(v).map_err(|_| Error::invalid(format!("gemm {}: {what} = {v} does not fit in u32", w.name)));
     let token_tiles = (n_tokens as u64).div_ceil(bn);
     // The last element each binding is indexed at must fit the shader's u32 arithmetic.
-    u32_of("x end", x_offset + n_tokens as u64 * w.cols)?;
+    u32_of("x end", x_offset + n_tokens as u64 * x_stride)?;
     u32_of("y end", y_offset + n_tokens as u64 * y_stride)?;
     let label = pipe.key.label();
     for part in &w.parts {
@@ -353,7 +375,7 @@ pub fn prepare(
             row_words: u32_of("row words", w.row_bytes / 4)?,
             n_tokens,
             x_offset: u32_of("x offset", x_offset)?,
-            x_stride: u32_of("cols", w.cols)?,
+            x_stride: u32_of("x stride", x_stride)?,
             y_offset: u32_of("y offset", y_offset + part.row_start)?,
             y_stride: u32_of("y stride", y_stride)?,
             token_tiles: u32_of("token tiles", token_tiles)?,

@@ -70,7 +70,9 @@ pub struct MatmulParams {
     pub y_stride: u32,
     /// Workgroups along the rows: `ceil(rows / rows_per_workgroup)`.
     pub row_groups: u32,
-    pub pad0: u32,
+    /// `X_GLU`: elements from `G[t, c]` to `U[t, c]` (0 when U is its own buffer in G's layout;
+    /// the column offset of `up` when gate and up are halves of one fused projection's output).
+    pub xu_delta: u32,
     pub pad1: u32,
 }
 
@@ -88,7 +90,7 @@ impl WgslParams for MatmulParams {
         ("y_offset", offset_of!(MatmulParams, y_offset)),
         ("y_stride", offset_of!(MatmulParams, y_stride)),
         ("row_groups", offset_of!(MatmulParams, row_groups)),
-        ("pad0", offset_of!(MatmulParams, pad0)),
+        ("xu_delta", offset_of!(MatmulParams, xu_delta)),
         ("pad1", offset_of!(MatmulParams, pad1)),
     ];
 }
@@ -420,12 +422,31 @@ pub fn matmul(
 /// kernel's register shape.
 #[allow(clippy::too_many_arguments)]
 pub fn prepare_auto(rec: &mut Recorder, w: &GpuTensor, x: &wgpu::Buffer, x_offset: u64, y: &wgpu::Buffer, y_offset: u64, n_tokens: u32) -> Result<()> {
+    prepare_auto_strided(rec, w, x, x_offset, None, y, y_offset, None, n_tokens)
+}
+
+/// [`prepare_auto`] with row strides: `X[t, c]` at `x_offset + t * x_stride + c` (default
+/// `w.cols`), `Y[t, r]` at `y_offset + t * y_stride + r` (default `w.rows`), so a projection can
+/// read columns of a wider activation and write its columns of a wider output.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_auto_strided(
+    rec: &mut Recorder,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    x_offset: u64,
+    x_stride: Option<u64>,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    y_stride: Option<u64>,
+    n_tokens: u32,
+) -> Result<()> {
     if super::gemm::use_gemm(rec.ctx, n_tokens) {
         let cfg = super::gemm::GemmConfig::for_shape(rec.ctx, w.rows, n_tokens);
-        return super::gemm::prepare(rec, cfg, w, x, x_offset, y, y_offset, None, n_tokens);
+        return super::gemm::prepare_strided(rec, cfg, w, x, x_offset, x_stride, y, y_offset, y_stride, n_tokens);
     }
     let cfg = if n_tokens == 1 { MatmulConfig::gemv_for(rec.ctx, w.ty, w.rows, w.cols) } else { MatmulConfig::gemm(rec.ctx) };
-    prepare(rec, cfg, w, x, x_offset, y, y_offset, n_tokens)
+    let io = Io { x, x_offset, x_stride: x_stride.unwrap_or(w.cols), y, y_offset, y_stride: y_stride.unwrap_or(w.rows) };
+    prepare_with(rec, cfg, w, &io, None, n_tokens)
 }
 
 /// Prepare the dispatches of [`matmul`]: one per part of the weight.
@@ -440,7 +461,8 @@ pub fn prepare(
     y_offset: u64,
     n_tokens: u32,
 ) -> Result<()> {
-    prepare_with(rec, cfg, w, x, None, x_offset, y, y_offset, n_tokens)
+    let io = Io { x, x_offset, x_stride: w.cols, y, y_offset, y_stride: w.rows };
+    prepare_with(rec, cfg, w, &io, None, n_tokens)
 }
 
 /// `Y[t, r] = sum_c W[r, c] * (act(G[t, c]) * U[t, c])`: a feed-forward block's GLU fused into
@@ -461,7 +483,49 @@ pub fn prepare_glu(
     if gate == up || gate == y || up == y {
         return Err(Error::invalid("matmul glu: gate, up and y must be three buffers"));
     }
-    prepare_with(rec, cfg, w, gate, Some((up, act)), x_offset, y, y_offset, n_tokens)
+    let io = Io { x: gate, x_offset, x_stride: w.cols, y, y_offset, y_stride: w.rows };
+    prepare_with(rec, cfg, w, &io, Some((up, 0, act)), n_tokens)
+}
+
+/// [`prepare_glu`] where gate and up are the two halves of one fused projection's output
+/// `gu (n_tokens, x_stride)`: `G[t, c]` at `x_offset + t * x_stride + c`, `U[t, c]` `up_delta`
+/// elements further (`up_delta >= w.cols`, so the halves do not overlap).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_glu_fused(
+    rec: &mut Recorder,
+    cfg: MatmulConfig,
+    act: Activation,
+    w: &GpuTensor,
+    gu: &wgpu::Buffer,
+    x_offset: u64,
+    up_delta: u64,
+    x_stride: u64,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    n_tokens: u32,
+) -> Result<()> {
+    if gu == y {
+        return Err(Error::invalid("matmul glu: the gate/up buffer cannot be the output"));
+    }
+    if up_delta < w.cols || x_stride < up_delta + w.cols {
+        return Err(Error::invalid(format!(
+            "matmul glu: up {up_delta} elements after gate with rows of {x_stride} does not hold two halves of {}",
+            w.cols
+        )));
+    }
+    let io = Io { x: gu, x_offset, x_stride, y, y_offset, y_stride: w.rows };
+    prepare_with(rec, cfg, w, &io, Some((gu, up_delta, act)), n_tokens)
+}
+
+/// Where a product reads and writes: `X[t, c]` at `x_offset + t * x_stride + c`, `Y[t, r]` at
+/// `y_offset + t * y_stride + r`.
+struct Io<'a> {
+    x: &'a wgpu::Buffer,
+    x_offset: u64,
+    x_stride: u64,
+    y: &'a wgpu::Buffer,
+    y_offset: u64,
+    y_stride: u64,
 }
 
 /// The pipeline key of a type and shape, with X fused from a GLU when `glu` is given.
@@ -473,29 +537,36 @@ pub fn key_glu(ty: GgmlType, cfg: MatmulConfig, glu: Option<Activation>) -> Resu
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 fn prepare_with(
     rec: &mut Recorder,
     cfg: MatmulConfig,
     w: &GpuTensor,
-    x: &wgpu::Buffer,
-    glu: Option<(&wgpu::Buffer, Activation)>,
-    x_offset: u64,
-    y: &wgpu::Buffer,
-    y_offset: u64,
+    io: &Io,
+    glu: Option<(&wgpu::Buffer, u64, Activation)>,
     n_tokens: u32,
 ) -> Result<()> {
     if n_tokens == 0 || w.rows == 0 {
         return Ok(());
     }
+    if io.x_stride < w.cols || io.y_stride < w.rows {
+        return Err(Error::invalid(format!(
+            "matmul {}: strides x {} y {} below the {} cols and {} rows",
+            w.name, io.x_stride, io.y_stride, w.cols, w.rows
+        )));
+    }
     let ctx = rec.ctx;
-    let cfg = cfg.fit(ctx).for_x(x_offset, w.cols);
-    let pipe = ctx.pipeline(&key_glu(w.ty, cfg, glu.map(|g| g.1))?)?;
+    let delta = glu.map_or(0, |g| g.1);
+    let mut cfg = cfg.fit(ctx).for_x(io.x_offset, w.cols);
+    cfg.x_vec4 &= io.x_stride % 4 == 0 && delta % 4 == 0;
+    let pipe = ctx.pipeline(&key_glu(w.ty, cfg, glu.map(|g| g.2))?)?;
     let wg = pipe.decisions.workgroup_size;
     let rpw = wg / key_u32(&pipe.key, "TPR");
     let nt = key_u32(&pipe.key, "NT");
     let too_big = |what: &str, v: u64| Error::invalid(format!("matmul {}: {what} = {v} does not fit in u32", w.name));
     let u32_of = |what: &str, v: u64| u32::try_from(v).map_err(|_| too_big(what, v));
+    // The last element each binding is indexed at must fit the shader's u32 arithmetic.
+    u32_of("x end", io.x_offset + delta + n_tokens as u64 * io.x_stride)?;
+    u32_of("y end", io.y_offset + n_tokens as u64 * io.y_stride)?;
     let label = pipe.key.label();
     for part in &w.parts {
         if part.rows == 0 {
@@ -510,22 +581,22 @@ fn prepare_with(
             row_words: u32_of("row words", w.row_bytes / 4)?,
             units: u32_of("units", units_per_row(w.ty, w.cols))?,
             n_tokens,
-            x_offset: u32_of("x offset", x_offset)?,
-            x_stride: u32_of("cols", w.cols)?,
-            y_offset: u32_of("y offset", y_offset + part.row_start)?,
-            y_stride: u32_of("rows", w.rows)?,
+            x_offset: u32_of("x offset", io.x_offset)?,
+            x_stride: u32_of("x stride", io.x_stride)?,
+            y_offset: u32_of("y offset", io.y_offset + part.row_start)?,
+            y_stride: u32_of("y stride", io.y_stride)?,
             row_groups: u32_of("row groups", row_groups)?,
-            pad0: 0,
+            xu_delta: u32_of("up delta", delta)?,
             pad1: 0,
         };
         let ubuf = rec.uniform(&label, &params);
         let mut entries = vec![
             wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
             wgpu::BindGroupEntry { binding: 1, resource: part.buffer.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 2, resource: x.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 3, resource: y.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 2, resource: io.x.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 3, resource: io.y.as_entire_binding() },
         ];
-        if let Some((up, _)) = glu {
+        if let Some((up, _, _)) = glu {
             entries.push(wgpu::BindGroupEntry { binding: 4, resource: up.as_entire_binding() });
         }
         rec.push("matmul", &pipe, &entries, grid);

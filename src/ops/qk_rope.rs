@@ -34,7 +34,7 @@ pub struct QkRopeParams {
     pub q_offset: u32,
     pub k_offset: u32,
     pub v_offset: u32,
-    pub pad0: u32,
+    pub in_stride: u32,
 }
 
 impl WgslParams for QkRopeParams {
@@ -52,25 +52,34 @@ impl WgslParams for QkRopeParams {
         ("q_offset", offset_of!(QkRopeParams, q_offset)),
         ("k_offset", offset_of!(QkRopeParams, k_offset)),
         ("v_offset", offset_of!(QkRopeParams, v_offset)),
-        ("pad0", offset_of!(QkRopeParams, pad0)),
+        ("in_stride", offset_of!(QkRopeParams, in_stride)),
     ];
 }
 
 pub fn key(norm: bool, workgroup_size: u32) -> PipelineKey {
-    let k = PipelineKey::new(SHADER, ENTRY).workgroup_size(workgroup_size);
+    key_src(norm, false, workgroup_size)
+}
+
+/// The key with `SRC` (q, k and v read from one fused projection output) when `src`.
+pub fn key_src(norm: bool, src: bool, workgroup_size: u32) -> PipelineKey {
+    let mut k = PipelineKey::new(SHADER, ENTRY).workgroup_size(workgroup_size);
     if norm {
-        k.define("NORM", "")
-    } else {
-        k
+        k = k.define("NORM", "");
     }
+    if src {
+        k = k.define("SRC", "");
+    }
+    k
 }
 
 pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for norm in [false, true] {
-        for wg in [32u32, 64, 128] {
-            let k = key(norm, wg);
-            v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+        for src in [false, true] {
+            for wg in [32u32, 64, 128] {
+                let k = key_src(norm, src, wg);
+                v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+            }
         }
     }
     v
@@ -93,6 +102,7 @@ fn u32_of(what: &str, v: u64) -> Result<u32> {
 /// - `q`: `(n_tokens, n_head, head_dim)` f32 from element `q_offset`, roped (and normed) in place
 /// - `k`, `v`: `(n_tokens, n_kv_head, head_dim)` f32 from their offsets (read only)
 /// - `k_cache`, `v_cache`: `(n_ctx, n_kv_head, head_dim)` f32 of one layer
+/// Separate q (roped in place), k and v inputs, each `(T, heads, head_dim)` from its offset.
 pub struct QkvBuffers<'a> {
     pub q: &'a wgpu::Buffer,
     pub q_offset: u64,
@@ -107,6 +117,45 @@ pub struct QkvBuffers<'a> {
 /// Prepare the dispatch. `norm`: the QK-norm's weights as one buffer, `(2, head_dim)` f32 (q's,
 /// then k's), and its epsilon. Positions are `step.pos0 + pos0 + t` ([`crate::gpu::Step`]); the
 /// bounds check covers `pos0` alone, the caller keeps the step's cells within the cache.
+/// q, k and v as columns of one projection output `src (T, stride)` (the Q/K/V GEMVs, fused or
+/// not, write there): q's heads from column `q_col`, k's from `k_col`, v's from `v_col`. The roped
+/// q goes to `q_out (T, n_head, head_dim)`, k and v to the caches.
+pub struct FusedQkv<'a> {
+    pub src: &'a wgpu::Buffer,
+    pub stride: u64,
+    pub q_col: u64,
+    pub k_col: u64,
+    pub v_col: u64,
+    pub q_out: &'a wgpu::Buffer,
+    pub k_cache: &'a wgpu::Buffer,
+    pub v_cache: &'a wgpu::Buffer,
+}
+
+/// [`prepare`] reading q, k and v from one fused output ([`FusedQkv`]).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_fused(
+    rec: &mut Recorder,
+    table: &RopeTable,
+    f: &FusedQkv,
+    n_tokens: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    norm: Option<(&wgpu::Buffer, f32)>,
+    pos0: u32,
+    step: &wgpu::Buffer,
+) -> Result<()> {
+    let hd = table.config.head_dim as u64;
+    if f.src == f.q_out {
+        return Err(Error::invalid("qk_rope: the roped q must go to a buffer other than the source"));
+    }
+    let cols = [(f.q_col, n_head as u64), (f.k_col, n_kv_head as u64), (f.v_col, n_kv_head as u64)];
+    if cols.iter().any(|&(c, heads)| c + heads * hd > f.stride) {
+        return Err(Error::invalid(format!("qk_rope: q, k, v columns {cols:?} do not fit rows of {}", f.stride)));
+    }
+    let b = QkvBuffers { q: f.q_out, q_offset: f.q_col, k: f.src, k_offset: f.k_col, v: f.src, v_offset: f.v_col, k_cache: f.k_cache, v_cache: f.v_cache };
+    prepare_inner(rec, table, &b, Some(f.stride), n_tokens, n_head, n_kv_head, norm, pos0, step)
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn prepare(
     rec: &mut Recorder,
@@ -119,14 +168,32 @@ pub fn prepare(
     pos0: u32,
     step: &wgpu::Buffer,
 ) -> Result<()> {
+    if b.q == b.k || b.q == b.v {
+        return Err(Error::invalid("qk_rope: q is written in place, so k and v must be other buffers"));
+    }
+    prepare_inner(rec, table, b, None, n_tokens, n_head, n_kv_head, norm, pos0, step)
+}
+
+/// `src_stride`: `Some` for the `SRC` variant (`b.k` is the source of q, k and v; `b.q` the
+/// roped q's output).
+#[allow(clippy::too_many_arguments)]
+fn prepare_inner(
+    rec: &mut Recorder,
+    table: &RopeTable,
+    b: &QkvBuffers,
+    src_stride: Option<u64>,
+    n_tokens: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    norm: Option<(&wgpu::Buffer, f32)>,
+    pos0: u32,
+    step: &wgpu::Buffer,
+) -> Result<()> {
     let ctx = rec.ctx;
     let c = &table.config;
     let head_dim = c.head_dim as u64;
     if n_tokens == 0 {
         return Ok(());
-    }
-    if b.q == b.k || b.q == b.v {
-        return Err(Error::invalid("qk_rope: q is written in place, so k and v must be other buffers"));
     }
     let cell_bytes = n_kv_head as u64 * head_dim * 4;
     let end = (pos0 as u64 + n_tokens as u64) * cell_bytes;
@@ -142,7 +209,7 @@ pub fn prepare(
             return Err(Error::invalid(format!("qk_rope: the norm weights hold {} bytes, {} needed", w.size(), 2 * head_dim * 4)));
         }
     }
-    let pipe = ctx.pipeline(&key(norm.is_some(), workgroup_size(ctx, c.head_dim as u32)))?;
+    let pipe = ctx.pipeline(&key_src(norm.is_some(), src_stride.is_some(), workgroup_size(ctx, c.head_dim as u32)))?;
     let params = QkRopeParams {
         n_tokens,
         n_head,
@@ -155,8 +222,11 @@ pub fn prepare(
         q_offset: u32_of("q offset", b.q_offset)?,
         k_offset: u32_of("k offset", b.k_offset)?,
         v_offset: u32_of("v offset", b.v_offset)?,
-        pad0: 0,
+        in_stride: u32_of("source stride", src_stride.unwrap_or(0))?,
     };
+    if let Some(stride) = src_stride {
+        u32_of("source end", n_tokens as u64 * stride)?;
+    }
     let rows = n_tokens as u64 * (n_head as u64 + n_kv_head as u64);
     let grid = grid_2d(rows, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
@@ -166,11 +236,13 @@ pub fn prepare(
         wgpu::BindGroupEntry { binding: 1, resource: b.q.as_entire_binding() },
         wgpu::BindGroupEntry { binding: 2, resource: table.buffer.as_entire_binding() },
         wgpu::BindGroupEntry { binding: 3, resource: b.k.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 4, resource: b.v.as_entire_binding() },
         wgpu::BindGroupEntry { binding: 5, resource: b.k_cache.as_entire_binding() },
         wgpu::BindGroupEntry { binding: 6, resource: b.v_cache.as_entire_binding() },
         wgpu::BindGroupEntry { binding: 7, resource: step.as_entire_binding() },
     ];
+    if src_stride.is_none() {
+        entries.push(wgpu::BindGroupEntry { binding: 4, resource: b.v.as_entire_binding() });
+    }
     if let Some((w, _)) = norm {
         entries.push(wgpu::BindGroupEntry { binding: 8, resource: w.as_entire_binding() });
     }

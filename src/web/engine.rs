@@ -647,6 +647,7 @@ fn hex(b: &[u8]) -> String {
 /// part's tensors.
 fn merge(mut a: LoadedModel, b: LoadedModel) -> LoadedModel {
     a.tensors.extend(b.tensors);
+    a.fused.extend(b.fused);
     let (pa, pb) = (&mut a.plan, b.plan);
     pa.tensors.extend(pb.tensors);
     for (k, v) in pb.file_bytes_per_type {

@@ -45,9 +45,16 @@ pub fn run(path: &Path, json: bool) -> Result<(), Error> {
         println!("  {k} = {}", short(v));
     }
     println!("\n== tensors (name, type, dims, bytes, GPU parts)");
-    for t in &p.tensors {
+    for t in p.tensors.iter().filter(|t| t.members.is_empty()) {
         let info = h.tensor(&t.name).expect("planned from this header");
-        println!("  {:<32} {:<5} {:?} {} x{}", t.name, t.ty.name(), info.dims, t.file_bytes, t.parts.len());
+        match &t.fused_into {
+            Some((f, row)) => println!("  {:<32} {:<5} {:?} {} in {f} from row {row}", t.name, t.ty.name(), info.dims, t.file_bytes),
+            None => println!("  {:<32} {:<5} {:?} {} x{}", t.name, t.ty.name(), info.dims, t.file_bytes, t.parts.len()),
+        }
+    }
+    println!("\n== fused on the GPU (one GEMV computes the members: name, type, rows x cols, GPU parts)");
+    for t in p.tensors.iter().filter(|t| !t.members.is_empty()) {
+        println!("  {:<32} {:<5} {} x {} x{}", t.name, t.ty.name(), t.rows, t.cols, t.parts.len());
     }
     println!("\n== bytes per quant type (file / GPU layout)");
     for (ty, b) in &p.file_bytes_per_type {
