@@ -9,7 +9,7 @@ mod common;
 
 use cera_web::gguf::GgmlType;
 use cera_web::gpu::readback::read_f32;
-use cera_web::gpu::{GpuContext, GpuTensor};
+use cera_web::gpu::{GpuContext, GpuTensor, Recorder};
 use cera_web::ops::gemm::{self, GemmConfig};
 use cera_web::quant::dequantize_to_vec;
 use cera_web::quant::gpu::{synthetic_rows, upload_tensor};
@@ -69,8 +69,9 @@ const Y_PAD: u64 = 3;
 /// What Y holds before the product: every element not an output must still hold it after.
 const SENTINEL: f32 = -777.0;
 
-/// Run every tile on `w` and return, per tile, its Y region `(Y_OFF + n_tokens * y_stride)`.
-async fn run_tiles(ctx: &GpuContext, tiles: &[GemmConfig], w: &GpuTensor, xs: &[f32], n_tokens: u32) -> Vec<Vec<f32>> {
+/// Run every tile on `w` (X rows `x_stride` apart) and return, per tile, its Y region
+/// `(Y_OFF + n_tokens * y_stride)`.
+async fn run_tiles(ctx: &GpuContext, tiles: &[GemmConfig], w: &GpuTensor, xs: &[f32], x_stride: u64, n_tokens: u32) -> Vec<Vec<f32>> {
     let x = ctx.storage_buffer("x", bytemuck::cast_slice(xs));
     let y_stride = w.rows + Y_PAD;
     let region = (Y_OFF + n_tokens as u64 * y_stride) as usize;
@@ -78,7 +79,9 @@ async fn run_tiles(ctx: &GpuContext, tiles: &[GemmConfig], w: &GpuTensor, xs: &[
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     for (i, cfg) in tiles.iter().enumerate() {
         let y_off = (i * region) as u64 + Y_OFF;
-        gemm::encode(ctx, &mut enc, *cfg, w, &x, X_OFF, &y, y_off, Some(y_stride), n_tokens).unwrap();
+        let mut rec = Recorder::new(ctx);
+        gemm::prepare_strided(&mut rec, *cfg, w, &x, X_OFF, Some(x_stride), &y, y_off, Some(y_stride), n_tokens).unwrap();
+        rec.encode(&mut enc).unwrap();
     }
     ctx.queue.submit([enc.finish()]);
     let all = read_f32(ctx, &y, 0, region * tiles.len()).await.unwrap();
@@ -95,16 +98,17 @@ fn check(
     xs: &[f32],
     rows: u64,
     cols: u64,
+    x_stride: u64,
     n_tokens: u32,
     got: &[Vec<f32>],
 ) -> f64 {
-    let (rows, cols) = (rows as usize, cols as usize);
+    let (rows, cols, x_stride) = (rows as usize, cols as usize, x_stride as usize);
     let y_stride = rows + Y_PAD as usize;
     let mut worst = 0.0f64;
     for (run, cfg) in got.iter().zip(tiles) {
         let mut written = vec![false; run.len()];
         for t in 0..n_tokens as usize {
-            let xt = &xs[X_OFF as usize + t * cols..X_OFF as usize + (t + 1) * cols];
+            let xt = &xs[X_OFF as usize + t * x_stride..X_OFF as usize + t * x_stride + cols];
             for r in 0..rows {
                 let wr = &wf[r * cols..(r + 1) * cols];
                 let want: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
@@ -142,11 +146,13 @@ async fn check_type(ty: GgmlType) {
         let bytes = synthetic_rows(ty, cols, rows, 200 + ci as u64);
         let wf = dequantize_to_vec(ty, &bytes).unwrap();
         let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
+        // 7 tokens read X rows with 3 spare elements between them (a wider activation's columns).
         for n_tokens in [1u32, 7, 65] {
-            let xs = rng.vec((X_OFF + n_tokens as u64 * cols) as usize);
-            let got = run_tiles(&ctx, &tiles, &w, &xs, n_tokens).await;
-            let what = format!("{rows}x{cols} tokens {n_tokens}");
-            worst = worst.max(check(ty, &what, &tiles, &wf, &xs, rows, cols, n_tokens, &got));
+            let x_stride = if n_tokens == 7 { cols + 3 } else { cols };
+            let xs = rng.vec((X_OFF + n_tokens as u64 * x_stride) as usize);
+            let got = run_tiles(&ctx, &tiles, &w, &xs, x_stride, n_tokens).await;
+            let what = format!("{rows}x{cols} tokens {n_tokens} x stride {x_stride}");
+            worst = worst.max(check(ty, &what, &tiles, &wf, &xs, rows, cols, x_stride, n_tokens, &got));
         }
     }
 
@@ -161,10 +167,10 @@ async fn check_type(ty: GgmlType) {
     assert_eq!(split.parts.len(), 3, "{ty}: the split plan");
     for n_tokens in [7u32, 65] {
         let xs = rng.vec((X_OFF + n_tokens as u64 * cols) as usize);
-        let a = run_tiles(&ctx, &tiles, &whole, &xs, n_tokens).await;
-        let b = run_tiles(&ctx, &tiles, &split, &xs, n_tokens).await;
+        let a = run_tiles(&ctx, &tiles, &whole, &xs, cols, n_tokens).await;
+        let b = run_tiles(&ctx, &tiles, &split, &xs, cols, n_tokens).await;
         assert_eq!(a, b, "{ty}: split and unsplit differ ({n_tokens} tokens)");
-        worst = worst.max(check(ty, "split", &tiles, &wf, &xs, rows, cols, n_tokens, &b));
+        worst = worst.max(check(ty, "split", &tiles, &wf, &xs, rows, cols, cols, n_tokens, &b));
     }
     tlog!(
         "gemm {ty}: worst relative error {worst:.2e} (tolerance {:.0e}), {} tiles, adapter {:?}",
@@ -198,8 +204,8 @@ gpu_test!(gemm_grid_beyond_65535_workgroups, async {
     let wf = dequantize_to_vec(ty, &bytes).unwrap();
     let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
     let xs = Rng::new(3).vec((X_OFF + n_tokens as u64 * cols) as usize);
-    let got = run_tiles(&ctx, &[cfg], &w, &xs, n_tokens).await;
-    let worst = check(ty, "grid", &[cfg], &wf, &xs, rows, cols, n_tokens, &got);
+    let got = run_tiles(&ctx, &[cfg], &w, &xs, cols, n_tokens).await;
+    let worst = check(ty, "grid", &[cfg], &wf, &xs, rows, cols, cols, n_tokens, &got);
     tlog!("gemm grid: {groups} workgroups, worst relative error {worst:.2e}");
 });
 
