@@ -5,6 +5,11 @@
 //! (`kv_shift.wgsl`) into a scratch buffer and copied back; V cells move through the same
 //! scratch with two buffer copies (WebGPU forbids a copy within one buffer). Nothing is
 //! recomputed.
+//!
+//! Short-convolution layers (LFM2) keep no K/V: they keep `B * x` of every position, `(n_ctx,
+//! n_embd)` f32 ([`KvCache::with_conv_rows`]), which a shift moves like V cells. The conv state
+//! after any prefix is then its last `l_cache - 1` rows: rewinds and chat-turn reuse stay exact,
+//! and a shift keeps the state of the tokens it keeps (docs/design.md, decision 13).
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::gpu::GpuContext;
@@ -47,6 +52,9 @@ pub struct KvCache {
     scratch_cells: u32,
     workgroup_size: u32,
     n_past: u32,
+    /// Per layer: the conv rows of a short-convolution layer, `(n_ctx, conv_width)` f32.
+    conv: Vec<Option<wgpu::Buffer>>,
+    conv_width: u32,
 }
 
 impl KvCache {
@@ -89,7 +97,51 @@ impl KvCache {
             });
         }
         let scratch = ctx.empty_storage("kv.scratch", scratch_cells as u64 * cell)?;
-        Ok(KvCache { cfg, layers, scratch, scratch_cells, workgroup_size, n_past: 0 })
+        Ok(KvCache { cfg, layers, scratch, scratch_cells, workgroup_size, n_past: 0, conv: Vec::new(), conv_width: 0 })
+    }
+
+    /// Make the layers flagged in `conv_layers` short-convolution layers: each keeps `(n_ctx,
+    /// width)` f32 conv rows instead of K and V (which shrink to a placeholder never bound).
+    pub fn with_conv_rows(mut self, ctx: &GpuContext, conv_layers: &[bool], width: u32) -> Result<Self> {
+        if conv_layers.len() != self.layers.len() || width == 0 {
+            return Err(Error::invalid("conv rows: one flag per layer and a nonzero width"));
+        }
+        let row = width as u64 * 4;
+        let bytes = row * self.cfg.n_ctx as u64;
+        let max = ctx.limits.max_binding();
+        if bytes > max {
+            return Err(Error::new(
+                ErrorCode::AdapterTooSmall,
+                format!(
+                    "a context of {} tokens needs {} MiB per convolution layer, above this device's {} MiB binding limit; use a context of at most {} tokens",
+                    self.cfg.n_ctx,
+                    bytes >> 20,
+                    max >> 20,
+                    max / row
+                ),
+            ));
+        }
+        self.conv = Vec::with_capacity(conv_layers.len());
+        for (l, &is_conv) in conv_layers.iter().enumerate() {
+            if is_conv {
+                self.layers[l] = LayerKv { k: ctx.empty_storage("kv.k (conv layer, unused)", 16)?, v: ctx.empty_storage("kv.v (conv layer, unused)", 16)? };
+                self.conv.push(Some(ctx.empty_storage(&format!("kv.conv[{l}]"), bytes)?));
+            } else {
+                self.conv.push(None);
+            }
+        }
+        self.conv_width = width;
+        // The shift moves conv rows through the scratch too.
+        if row > self.cell_bytes() {
+            self.scratch_cells = self.scratch_cells.min((max / row) as u32).max(1);
+            self.scratch = ctx.empty_storage("kv.scratch", self.scratch_cells as u64 * row)?;
+        }
+        Ok(self)
+    }
+
+    /// The conv rows of layer `layer`, `(n_ctx, width)` f32, if it is a short-convolution layer.
+    pub fn conv_rows(&self, layer: usize) -> Option<&wgpu::Buffer> {
+        self.conv.get(layer).and_then(|c| c.as_ref())
     }
 
     pub fn config(&self) -> &KvCacheConfig {
@@ -179,6 +231,14 @@ impl KvCache {
             stats.chunks += 1;
             let bytes = count as u64 * cell;
             for (l, layer) in self.layers.iter().enumerate() {
+                if let Some(rows) = self.conv_rows(l) {
+                    // Conv rows move with their tokens, like V cells.
+                    let row = self.conv_width as u64 * 4;
+                    let (src, dst) = ((end + t0) as u64 * row, (n_keep + t0) as u64 * row);
+                    enc.copy_buffer_to_buffer(rows, src, &self.scratch, 0, count as u64 * row);
+                    enc.copy_buffer_to_buffer(&self.scratch, 0, rows, dst, count as u64 * row);
+                    continue;
+                }
                 let rope = &self.cfg.layer_ropes[l];
                 let params = KvShiftParams {
                     n_keep,

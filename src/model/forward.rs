@@ -23,6 +23,9 @@ use crate::loader::LoadedModel;
 use crate::ops::rope::RopeTable;
 use crate::rope::RopeConfig;
 
+#[path = "lfm2.rs"]
+mod lfm2;
+
 /// Which rows of the batch get logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogitRows {
@@ -53,6 +56,8 @@ struct Layer {
     /// The QK-norm weights side by side, `(2, head_dim)` f32 (q's, then k's), as `qk_rope` binds
     /// them: a copy of 2 x head_dim values made once at load.
     qk_norm: Option<wgpu::Buffer>,
+    /// LFM2: a short-convolution layer in place of attention.
+    conv: Option<lfm2::ConvLayer>,
 }
 
 pub struct Model {
@@ -60,6 +65,8 @@ pub struct Model {
     pub weights: LoadedModel,
     layers: Vec<Layer>,
     output: String,
+    /// The final norm (`output_norm`; LFM2 stores it as `token_embd_norm`).
+    output_norm: String,
     /// The rope of each layer (base, layout, frequency factors), shared with the KV cache shift.
     pub layer_ropes: Vec<RopeConfig>,
     /// Each layer's index into `rope_tables` (layers with the same rope share a table).
@@ -83,6 +90,8 @@ pub struct Workspace {
     o: wgpu::Buffer,
     gate: wgpu::Buffer,
     up: wgpu::Buffer,
+    /// `(n, 3 n_embd)`: a short-convolution layer's B | C | x (models with conv layers only).
+    bcx: Option<wgpu::Buffer>,
     /// `(rows, n_vocab)` f32.
     pub logits: wgpu::Buffer,
 }
@@ -102,6 +111,10 @@ impl Model {
         let opt = |n: String| if has(&n) { Some(n) } else { None };
         let mut layers = Vec::with_capacity(hp.n_layer as usize);
         for l in 0..hp.n_layer {
+            if hp.is_conv(l) {
+                layers.push(lfm2::conv_layer(ctx, &weights, &hp, l).await?);
+                continue;
+            }
             let gemma = hp.arch == Arch::Gemma3;
             layers.push(Layer {
                 attn_norm: need(T::AttnNorm.name(l))?,
@@ -121,6 +134,7 @@ impl Model {
                 down: need(T::FfnDown.name(l))?,
                 post_ffw_norm: if gemma { Some(need(T::PostFfwNorm.name(l))?) } else { None },
                 qk_norm: None,
+                conv: None,
             });
         }
         // The QK-norm weights of each layer side by side in one small buffer (copied on the GPU).
@@ -141,7 +155,7 @@ impl Model {
         }
         ctx.submit([enc.finish()]);
         need(names::TOKEN_EMBD.to_string())?;
-        need(names::OUTPUT_NORM.to_string())?;
+        let output_norm = need(if hp.arch == Arch::Lfm2 { names::OUTPUT_NORM_LFM2 } else { names::OUTPUT_NORM }.to_string())?;
         let output = if has(names::OUTPUT) { names::OUTPUT.to_string() } else { names::TOKEN_EMBD.to_string() };
         // Frequency factors: also kept on the CPU, because the context shift's cos/sin table
         // needs them.
@@ -183,7 +197,7 @@ impl Model {
             };
             layer_table.push(i);
         }
-        Ok(Model { hp, weights, layers, output, layer_ropes, layer_table, rope_tables })
+        Ok(Model { hp, weights, layers, output, output_norm, layer_ropes, layer_table, rope_tables })
     }
 
     /// The output head (`token_embd` when tied).
@@ -197,7 +211,7 @@ impl Model {
 
     /// A KV cache of `n_ctx` cells for this model.
     pub fn new_kv_cache(&self, ctx: &GpuContext, n_ctx: u32) -> Result<KvCache> {
-        KvCache::new(
+        let kv = KvCache::new(
             ctx,
             KvCacheConfig {
                 n_ctx,
@@ -207,7 +221,12 @@ impl Model {
                 shift_workgroup_size: None,
                 max_scratch_cells: None,
             },
-        )
+        )?;
+        // Short-convolution layers keep B * x of every position instead of K and V.
+        if self.hp.conv_l_cache > 0 {
+            return kv.with_conv_rows(ctx, &self.hp.conv_layers, self.hp.n_embd);
+        }
+        Ok(kv)
     }
 
     /// Activation buffers for up to `max_batch` tokens and `max_logit_rows` rows of logits.
@@ -235,6 +254,7 @@ impl Model {
             o: f("o", b * hp.n_embd as u64)?,
             gate: f("gate", b * hp.n_ff as u64)?,
             up: f("up", b * hp.n_ff as u64)?,
+            bcx: if hp.conv_l_cache > 0 { Some(f("bcx", b * 3 * hp.n_embd as u64)?) } else { None },
             logits: f("logits", max_logit_rows as u64 * hp.n_vocab as u64)?,
         })
     }
@@ -343,6 +363,11 @@ impl Model {
         // before it.
         kernels::rmsnorm(&mut rec, &ws.x, Some(self.w(&self.layers[0].attn_norm)), &ws.h, n, e, hp.rms_eps)?;
         for (l, layer) in self.layers.iter().enumerate() {
+            if layer.conv.is_some() {
+                // LFM2: a short-convolution block in place of attention, then the same FFN.
+                self.plan_conv_layer(&mut rec, ws, kv, l, n)?;
+                continue;
+            }
             let rope_table = &self.rope_tables[self.layer_table[l]];
             // q, k, v projections of h (+ bias)                         (n, q_dim), (n, kv_dim)
             kernels::matmul(&mut rec, self.w(&layer.q), &ws.h, &ws.q, n)?;
@@ -373,7 +398,7 @@ impl Model {
             let post = layer.post_ffw_norm.as_ref().map(|w| self.w(w));
             let next_norm = match self.layers.get(l + 1) {
                 Some(next) => self.w(&next.attn_norm),
-                None => self.w(names::OUTPUT_NORM),
+                None => self.w(&self.output_norm),
             };
             kernels::residual_norm(&mut rec, &ws.x, &ws.o, post, hp.residual_scale, next_norm, &ws.h, n, e, hp.rms_eps)?;
         }
