@@ -42,7 +42,7 @@ async fn fixture(path: &str) -> Vec<u8> {
 /// differ by a few percent on average (measured: mean 1.2-2.3 %, max 6.6-14 % of the std).
 fn tolerance(arch: &str, ty: &str) -> (f64, f64) {
     match (arch, ty) {
-        ("gemma3", "F32") => (3e-3, 5e-4),
+        ("gemma3" | "gemma2", "F32") => (3e-3, 5e-4),
         (_, "F32") => (1e-3, 2e-4),
         _ => (0.16, 0.03),
     }
@@ -115,6 +115,8 @@ synthetic! {
     granite_q4_k => "granite-Q4_K", granite_q6_k => "granite-Q6_K",
     gemma3_f32 => "gemma3-F32", gemma3_q8_0 => "gemma3-Q8_0", gemma3_q4_0 => "gemma3-Q4_0", gemma3_q5_0 => "gemma3-Q5_0",
     gemma3_q4_k => "gemma3-Q4_K", gemma3_q6_k => "gemma3-Q6_K",
+    gemma2_f32 => "gemma2-F32", gemma2_q8_0 => "gemma2-Q8_0", gemma2_q4_0 => "gemma2-Q4_0", gemma2_q5_0 => "gemma2-Q5_0",
+    gemma2_q4_k => "gemma2-Q4_K", gemma2_q6_k => "gemma2-Q6_K",
 }
 
 /// LFM2 (short-convolution hybrid): every type in one batch, token by token (the conv state

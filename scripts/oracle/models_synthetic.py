@@ -75,6 +75,10 @@ ARCHS = {
     "gemma3": dict(arch="gemma3", rope_base=1000000.0, rope_base_swa=20000.0, eps=1e-6,
                    qk_norm=True, post_norms=True, tied=True,
                    sliding_window=8, sliding_window_pattern=2),
+    # Gemma 2: post-norms, alternating window, and soft-capping far below llama.cpp's defaults
+    # (50 and 30) so that both caps change these small logits.
+    "gemma2": dict(arch="gemma2", rope_base=50000.0, eps=1e-6, post_norms=True, tied=True,
+                   sliding_window=8, sliding_window_pattern=2, attn_softcap=3.0, final_softcap=2.5),
     # LFM2: per-layer head_count_kv (0 = gated short convolution), QK-norm, tied head.
     "lfm2": dict(arch="lfm2", rope_base=1000000.0, eps=1e-5, qk_norm=True, tied=True,
                  head_dim={"small": 16}, n_layer=3, layer_kv=[0, N_HEAD_KV, 0], l_cache=3),
@@ -175,7 +179,8 @@ def hparams(name: str, cfg: dict, n_embd: int, n_ff: int) -> dict:
                    ("logit_scale", "logit_scale"), ("attention_scale", "attention.scale"),
                    ("sliding_window", "attention.sliding_window"),
                    ("sliding_window_pattern", "attention.sliding_window_pattern"),
-                   ("rope_base_swa", "rope.freq_base_swa"), ("l_cache", "shortconv.l_cache")]:
+                   ("rope_base_swa", "rope.freq_base_swa"), ("l_cache", "shortconv.l_cache"),
+                   ("attn_softcap", "attn_logit_softcapping"), ("final_softcap", "final_logit_softcapping")]:
         if k in cfg:
             h[key] = cfg[k]
     return h

@@ -115,7 +115,7 @@ impl Model {
                 layers.push(lfm2::conv_layer(ctx, &weights, &hp, l).await?);
                 continue;
             }
-            let gemma = hp.arch == Arch::Gemma3;
+            let gemma = hp.post_norms;
             layers.push(Layer {
                 attn_norm: need(T::AttnNorm.name(l))?,
                 q: need(T::AttnQ.name(l))?,
@@ -412,6 +412,11 @@ impl Model {
         if hp.logit_scale != 1.0 {
             let lr = if rows == LogitRows::Last { 1 } else { n };
             kernels::scale(&mut rec, &ws.logits, 1.0 / hp.logit_scale, lr * hp.n_vocab)?;
+        }
+        // Gemma 2: logits = cap * tanh(logits / cap).
+        if hp.final_softcap > 0.0 {
+            let lr = if rows == LogitRows::Last { 1 } else { n };
+            crate::ops::softcap::prepare(&mut rec, &ws.logits, 0, lr * hp.n_vocab, hp.final_softcap)?;
         }
         Ok(ForwardPlan { n_tokens: n, rows, max_cells, prepared: rec.finish(), _attn_scratch: attn_scratch })
     }

@@ -15,6 +15,9 @@ pub enum Arch {
     Qwen3,
     /// Granite: embedding, residual, attention and logit scales.
     Granite,
+    /// Gemma 2: embedding scale, post-attention/post-FFN norms, GeGLU, alternating sliding
+    /// window, attention and final logit soft-capping.
+    Gemma2,
     /// Gemma 3: embedding scale, QK-norm, post-attention/post-FFN norms, GeGLU, sliding window.
     Gemma3,
     /// LFM2 (Liquid): a hybrid of gated short-convolution layers and GQA attention layers with
@@ -29,12 +32,13 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "granite" => Arch::Granite,
+            "gemma2" => Arch::Gemma2,
             "gemma3" => Arch::Gemma3,
             "lfm2" => Arch::Lfm2,
             other => {
                 return Err(Error::new(
                     ErrorCode::UnsupportedArch,
-                    format!("architecture \"{other}\" is not supported; cera-web runs llama, qwen2, qwen3, granite, gemma3 and lfm2"),
+                    format!("architecture \"{other}\" is not supported; cera-web runs llama, qwen2, qwen3, granite, gemma2, gemma3 and lfm2"),
                 ))
             }
         })
@@ -46,6 +50,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Granite => "granite",
+            Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
             Arch::Lfm2 => "lfm2",
         }
@@ -88,6 +93,10 @@ pub struct HParams {
     pub qk_norm: bool,
     pub post_norms: bool,
     pub qkv_bias: bool,
+    /// Attention logits become `cap * tanh(logit / cap)` (Gemma 2: 50); 0 = none.
+    pub attn_softcap: f32,
+    /// Output logits become `cap * tanh(logit / cap)` (Gemma 2: 30); 0 = none.
+    pub final_softcap: f32,
     /// Width of the short convolution (`shortconv.l_cache`, LFM2: 3); 0 when no layer has one.
     pub conv_l_cache: u32,
     /// Per layer: a short-convolution layer (LFM2, `head_count_kv` 0) instead of attention.
@@ -133,7 +142,7 @@ impl HParams {
         let rms_eps = h.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5);
         let rope_type = match arch {
             Arch::Llama | Arch::Granite => RopeType::Norm,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Lfm2 => RopeType::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Lfm2 => RopeType::Neox,
         };
         let n_rot = h.get_u32(&key("rope.dimension_count")).unwrap_or(head_dim);
         let rope_base = h.get_f32(&key("rope.freq_base")).unwrap_or(10000.0);
@@ -169,6 +178,8 @@ impl HParams {
             qk_norm: false,
             post_norms: false,
             qkv_bias: false,
+            attn_softcap: 0.0,
+            final_softcap: 0.0,
             conv_l_cache: 0,
             conv_layers: vec![false; n_layer as usize],
         };
@@ -194,6 +205,22 @@ impl HParams {
                 // llama.cpp scales Q by 1/sqrt(head_dim) for every size but 27B, whose
                 // query_pre_attn_scalar is n_embd / n_head.
                 if n_layer == 62 {
+                    hp.attention_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
+                }
+            }
+            Arch::Gemma2 => {
+                hp.embedding_scale = (n_embd as f32).sqrt();
+                hp.activation = Activation::GeluTanh;
+                hp.post_norms = true;
+                // llama.cpp: window 4096 and every other layer sliding (pattern 2) unless the
+                // file says otherwise; the local rope base is the global one.
+                hp.sliding_window = h.get_u32(&key("attention.sliding_window")).unwrap_or(4096);
+                hp.swa_pattern = h.get_u32(&key("attention.sliding_window_pattern")).unwrap_or(2);
+                hp.rope_base_swa = h.get_f32(&key("rope.freq_base_swa")).unwrap_or(rope_base);
+                hp.attn_softcap = h.get_f32(&key("attn_logit_softcapping")).unwrap_or(50.0);
+                hp.final_softcap = h.get_f32(&key("final_logit_softcapping")).unwrap_or(30.0);
+                // 27B (46 layers) scales by n_embd / n_head, the others by head_dim.
+                if n_layer == 46 {
                     hp.attention_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
                 }
             }

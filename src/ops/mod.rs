@@ -16,6 +16,7 @@ pub mod qk_rope;
 pub mod rmsnorm;
 pub mod rope;
 pub mod short_conv;
+pub mod softcap;
 pub mod topk;
 
 /// A `#[repr(C)]` params struct that a WGSL struct of the same name mirrors.
@@ -55,6 +56,7 @@ pub fn all_variants() -> Vec<Variant> {
     v.extend(attention::variants());
     v.extend(attention_split::variants());
     v.extend(short_conv::variants());
+    v.extend(softcap::variants());
     v
 }
 
@@ -78,5 +80,6 @@ pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usiz
     v.push(entry::<gemm::GemmParams>());
     v.push(entry::<matmul_bench::BenchCopyParams>());
     v.push(entry::<short_conv::ShortConvParams>());
+    v.push(entry::<softcap::SoftcapParams>());
     v
 }
