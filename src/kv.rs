@@ -219,7 +219,11 @@ impl KvCache {
         let mut tables: Vec<(RopeConfig, wgpu::Buffer)> = Vec::new();
         for r in &self.cfg.layer_ropes {
             if !tables.iter().any(|(t, _)| t == r) {
-                let tab = r.delta_table(-(n_discard as f64));
+                let mut tab = r.delta_table(-(n_discard as f64));
+                if tab.is_empty() {
+                    // n_rot 0 (a layer without rope): a binding cannot be empty; nothing reads it.
+                    tab.push(Default::default());
+                }
                 let buf = ctx.storage_buffer("kv_shift cos/sin", bytemuck::cast_slice(&tab));
                 tables.push((r.clone(), buf));
             }

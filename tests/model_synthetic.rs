@@ -117,6 +117,8 @@ synthetic! {
     gemma3_q4_k => "gemma3-Q4_K", gemma3_q6_k => "gemma3-Q6_K",
     gemma2_f32 => "gemma2-F32", gemma2_q8_0 => "gemma2-Q8_0", gemma2_q4_0 => "gemma2-Q4_0", gemma2_q5_0 => "gemma2-Q5_0",
     gemma2_q4_k => "gemma2-Q4_K", gemma2_q6_k => "gemma2-Q6_K",
+    smollm3_f32 => "smollm3-F32", smollm3_q8_0 => "smollm3-Q8_0", smollm3_q4_0 => "smollm3-Q4_0", smollm3_q5_0 => "smollm3-Q5_0",
+    smollm3_q4_k => "smollm3-Q4_K", smollm3_q6_k => "smollm3-Q6_K",
 }
 
 /// LFM2 (short-convolution hybrid): every type in one batch, token by token (the conv state

@@ -75,6 +75,8 @@ ARCHS = {
     "gemma3": dict(arch="gemma3", rope_base=1000000.0, rope_base_swa=20000.0, eps=1e-6,
                    qk_norm=True, post_norms=True, tied=True,
                    sliding_window=8, sliding_window_pattern=2),
+    # SmolLM3: llama with no rope on layer 3 (every fourth layer: 4 layers needed).
+    "smollm3": dict(arch="smollm3", rope_base=500000.0, eps=1e-5, n_layer=4),
     # Gemma 2: post-norms, alternating window, and soft-capping far below llama.cpp's defaults
     # (50 and 30) so that both caps change these small logits.
     "gemma2": dict(arch="gemma2", rope_base=50000.0, eps=1e-6, post_norms=True, tied=True,

@@ -176,6 +176,11 @@ impl Model {
                 let swa = hp.is_swa(l);
                 let mut r = RopeConfig::new(hp.head_dim as usize, if swa { hp.rope_base_swa } else { hp.rope_base }, hp.rope_type);
                 r.n_rot = hp.n_rot as usize;
+                // SmolLM3's no-rope layers: no dimension rotates (K cells then shift unrotated).
+                if !hp.uses_rope(l) {
+                    r.n_rot = 0;
+                    return r;
+                }
                 let s = if swa { 1.0 } else { hp.rope_freq_scale };
                 r.freq_factors = match (&ff, s != 1.0) {
                     (Some(f), _) => Some(f.iter().map(|x| x / s).collect()),

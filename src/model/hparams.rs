@@ -15,6 +15,8 @@ pub enum Arch {
     Qwen3,
     /// Granite: embedding, residual, attention and logit scales.
     Granite,
+    /// SmolLM3: LLaMA with no rope on every fourth layer.
+    Smollm3,
     /// Gemma 2: embedding scale, post-attention/post-FFN norms, GeGLU, alternating sliding
     /// window, attention and final logit soft-capping.
     Gemma2,
@@ -32,13 +34,14 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "granite" => Arch::Granite,
+            "smollm3" => Arch::Smollm3,
             "gemma2" => Arch::Gemma2,
             "gemma3" => Arch::Gemma3,
             "lfm2" => Arch::Lfm2,
             other => {
                 return Err(Error::new(
                     ErrorCode::UnsupportedArch,
-                    format!("architecture \"{other}\" is not supported; cera-web runs llama, qwen2, qwen3, granite, gemma2, gemma3 and lfm2"),
+                    format!("architecture \"{other}\" is not supported; cera-web runs llama, qwen2, qwen3, granite, smollm3, gemma2, gemma3 and lfm2"),
                 ))
             }
         })
@@ -50,6 +53,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Granite => "granite",
+            Arch::Smollm3 => "smollm3",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
             Arch::Lfm2 => "lfm2",
@@ -93,6 +97,8 @@ pub struct HParams {
     pub qk_norm: bool,
     pub post_norms: bool,
     pub qkv_bias: bool,
+    /// Layer `l` has no rope when `(l + 1) % no_rope_step == 0` (SmolLM3: 4); 0 = rope everywhere.
+    pub no_rope_step: u32,
     /// Attention logits become `cap * tanh(logit / cap)` (Gemma 2: 50); 0 = none.
     pub attn_softcap: f32,
     /// Output logits become `cap * tanh(logit / cap)` (Gemma 2: 30); 0 = none.
@@ -141,7 +147,7 @@ impl HParams {
             .ok_or_else(|| Error::new(ErrorCode::BadGguf, "cannot tell the vocabulary size"))?;
         let rms_eps = h.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5);
         let rope_type = match arch {
-            Arch::Llama | Arch::Granite => RopeType::Norm,
+            Arch::Llama | Arch::Granite | Arch::Smollm3 => RopeType::Norm,
             Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Lfm2 => RopeType::Neox,
         };
         let n_rot = h.get_u32(&key("rope.dimension_count")).unwrap_or(head_dim);
@@ -178,6 +184,7 @@ impl HParams {
             qk_norm: false,
             post_norms: false,
             qkv_bias: false,
+            no_rope_step: 0,
             attn_softcap: 0.0,
             final_softcap: 0.0,
             conv_l_cache: 0,
@@ -185,6 +192,8 @@ impl HParams {
         };
         match arch {
             Arch::Llama => {}
+            // llama.cpp fixes the step at 4 (no GGUF key).
+            Arch::Smollm3 => hp.no_rope_step = 4,
             Arch::Qwen2 => hp.qkv_bias = true,
             Arch::Qwen3 => hp.qk_norm = true,
             Arch::Granite => {
@@ -255,6 +264,11 @@ impl HParams {
             return self.sliding_window > 0 && !self.is_conv(l);
         }
         self.sliding_window > 0 && self.swa_pattern > 1 && l % self.swa_pattern < self.swa_pattern - 1
+    }
+
+    /// Whether layer `l` applies rope to q and k (SmolLM3 leaves it out on every fourth layer).
+    pub fn uses_rope(&self, l: u32) -> bool {
+        self.no_rope_step == 0 || (l + 1) % self.no_rope_step != 0
     }
 
     /// Whether layer `l` is a short-convolution layer (LFM2) rather than attention.
