@@ -301,3 +301,20 @@ fn u32_array(h: &GgufHeader, key: &str) -> Option<Vec<u32>> {
     };
     Some(v)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_architectures_are_named() {
+        for name in ["qwen35", "phi3", "lfm2moe"] {
+            let e = Arch::from_name(name).unwrap_err();
+            assert_eq!(e.code, ErrorCode::UnsupportedArch);
+            assert!(e.message.contains(&format!("\"{name}\"")), "{e}");
+        }
+        for name in ["llama", "qwen2", "qwen3", "granite", "smollm3", "gemma2", "gemma3", "lfm2"] {
+            assert_eq!(Arch::from_name(name).unwrap().name(), name);
+        }
+    }
+}
