@@ -74,7 +74,7 @@ async fn check_batched(name: &str, batch: Option<u32>) {
     let n_vocab = want.len() / tokens.len();
     let std = m["logit_std"].as_f64().unwrap();
     let (tol_max, tol_mean) = tolerance(arch, ty);
-    let (mut max_diff, mut sum_diff, mut flips) = (0f64, 0f64, 0);
+    let (mut max_diff, mut sum_diff, mut flips, mut agree) = (0f64, 0f64, 0, 0);
     for (pos, (a, b)) in ours.chunks_exact(n_vocab).zip(want.chunks_exact(n_vocab)).enumerate() {
         for (x, y) in a.iter().zip(b) {
             let d = (*x as f64 - *y as f64).abs();
@@ -82,6 +82,7 @@ async fn check_batched(name: &str, batch: Option<u32>) {
             sum_diff += d;
         }
         let am = |r: &[f32]| r.iter().enumerate().fold(0, |best, (i, v)| if *v > r[best] { i } else { best });
+        agree += (am(a) == am(b)) as usize;
         let mut sorted: Vec<f32> = b.to_vec();
         sorted.sort_by(|p, q| q.partial_cmp(p).unwrap());
         // A "clear" position: the reference margin exceeds twice the largest allowed difference.
@@ -91,7 +92,7 @@ async fn check_batched(name: &str, batch: Option<u32>) {
         }
     }
     let (rel, mean_rel) = (max_diff / std, sum_diff / ours.len() as f64 / std);
-    tlog!("{name} (batch {batch:?}): max |diff| {max_diff:.2e} ({rel:.2e} of std), mean {mean_rel:.2e} of std");
+    tlog!("{name} (batch {batch:?}): max |diff| {max_diff:.2e} ({rel:.2e} of std), mean {mean_rel:.2e} of std, argmax equal at {agree}/{}", tokens.len());
     assert!(rel <= tol_max, "{name}: max |diff| {max_diff} is {rel:.3e} of the logit std (allowed {tol_max})");
     assert!(mean_rel <= tol_mean, "{name}: mean |diff| is {mean_rel:.3e} of the logit std (allowed {tol_mean})");
     assert_eq!(flips, 0, "{name}: argmax differs at clear positions");
