@@ -69,8 +69,7 @@ impl Builtin {
     pub fn detect(arch: &str, has_token: &dyn Fn(&str) -> bool) -> Option<Builtin> {
         match arch {
             "gemma" | "gemma2" | "gemma3" | "gemma3n" => Some(Builtin::Gemma),
-            // LFM2's own template is ChatML after BOS (which the tokenizer adds).
-            "qwen2" | "qwen3" | "qwen2moe" | "qwen3moe" | "lfm2" => Some(Builtin::ChatMl),
+            "qwen2" | "qwen3" | "qwen2moe" | "qwen3moe" => Some(Builtin::ChatMl),
             "granite" | "granitemoe" => Some(Builtin::Granite),
             "llama" if has_token("<|start_header_id|>") => Some(Builtin::Llama3),
             "llama" => Some(Builtin::Llama2),
@@ -330,7 +329,6 @@ mod tests {
     fn builtins_are_chosen_by_architecture() {
         let llama3_vocab = |t: &str| t == "<|start_header_id|>";
         assert_eq!(Builtin::detect("gemma3", &no_tokens), Some(Builtin::Gemma));
-        assert_eq!(Builtin::detect("lfm2", &no_tokens), Some(Builtin::ChatMl));
         assert_eq!(Builtin::detect("qwen2", &no_tokens), Some(Builtin::ChatMl));
         assert_eq!(Builtin::detect("qwen3", &no_tokens), Some(Builtin::ChatMl));
         assert_eq!(Builtin::detect("granite", &no_tokens), Some(Builtin::Granite));
