@@ -163,3 +163,33 @@ gpu_test!(lfm2_context_shift_by_recompute_is_exact, async {
     assert!(worst < 1e-4, "recomputing shift differs from a fresh evaluation by {worst}");
     assert_eq!(agree, 10);
 });
+
+/// A chained greedy run stopped after 3 of up to 12 tokens rewinds the steps it ran ahead; the
+/// conv rows of those steps are simply forgotten with their cells, so the session continues
+/// exactly as one fed the tokens it kept.
+async fn rewind_after_a_stop_is_exact() {
+    let (ctx, model, tok) = load().await;
+    let opts = SessionOptions { n_ctx: 64, batch: 8, ..Default::default() };
+    let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts.clone()).unwrap();
+    let gopts = GenerateOptions { max_tokens: 12, stop: vec![], sampler: SamplerParams::greedy() };
+    let mut n = 0;
+    let stats = session
+        .generate(&ids(6, 9), &gopts, &mut |_, _| {
+            n += 1;
+            n < 3
+        })
+        .await
+        .unwrap();
+    assert_eq!(stats.finish_reason, "aborted");
+    let held = session.tokens().to_vec();
+    assert_eq!(held.len(), 9 + 2, "the prompt and the two tokens fed before the stop");
+    let next = ids(7, 1);
+    session.feed(&next).unwrap();
+    let mut fresh = Session::new(ctx.clone(), model.clone(), tok.clone(), opts).unwrap();
+    fresh.feed(&held).unwrap();
+    fresh.feed(&next).unwrap();
+    let d = max_abs_diff(&session.logits().await.unwrap(), &fresh.logits().await.unwrap());
+    tlog!("after a stop mid-chain: max |rewound - fresh| {d:.2e}");
+    assert!(d < 1e-4, "a rewound session differs from a fresh one by {d}");
+}
+gpu_test!(lfm2_rewind_after_a_stop_mid_chain_is_exact, rewind_after_a_stop_is_exact());
