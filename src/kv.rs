@@ -59,6 +59,17 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(ctx: &GpuContext, cfg: KvCacheConfig) -> Result<Self> {
+        Self::with_conv_rows(ctx, cfg, &[], 0)
+    }
+
+    /// A cache whose layers flagged in `conv_layers` are short-convolution layers (LFM2): each
+    /// keeps `(n_ctx, width)` f32 conv rows instead of K and V (which are then a placeholder that
+    /// is never bound). An empty `conv_layers` is [`KvCache::new`].
+    pub fn with_conv_rows(ctx: &GpuContext, cfg: KvCacheConfig, conv_layers: &[bool], width: u32) -> Result<Self> {
+        if !conv_layers.is_empty() && (conv_layers.len() != cfg.layer_ropes.len() || width == 0) {
+            return Err(Error::invalid("conv rows: one flag per layer and a nonzero width"));
+        }
+        let is_conv = |l: usize| conv_layers.get(l).copied().unwrap_or(false);
         if cfg.n_ctx == 0 || cfg.n_kv_heads == 0 || cfg.layer_ropes.is_empty() {
             return Err(Error::invalid("a KV cache needs n_ctx, n_kv_heads and at least one layer"));
         }
@@ -90,53 +101,38 @@ impl KvCache {
         }
         let workgroup_size = ctx.limits.workgroup_size(cfg.shift_workgroup_size.unwrap_or(256));
         let mut layers = Vec::with_capacity(cfg.layer_ropes.len());
-        for l in 0..cfg.layer_ropes.len() {
-            layers.push(LayerKv {
-                k: ctx.empty_storage(&format!("kv.k[{l}]"), layer_bytes)?,
-                v: ctx.empty_storage(&format!("kv.v[{l}]"), layer_bytes)?,
-            });
-        }
-        let scratch = ctx.empty_storage("kv.scratch", scratch_cells as u64 * cell)?;
-        Ok(KvCache { cfg, layers, scratch, scratch_cells, workgroup_size, n_past: 0, conv: Vec::new(), conv_width: 0 })
-    }
-
-    /// Make the layers flagged in `conv_layers` short-convolution layers: each keeps `(n_ctx,
-    /// width)` f32 conv rows instead of K and V (which shrink to a placeholder never bound).
-    pub fn with_conv_rows(mut self, ctx: &GpuContext, conv_layers: &[bool], width: u32) -> Result<Self> {
-        if conv_layers.len() != self.layers.len() || width == 0 {
-            return Err(Error::invalid("conv rows: one flag per layer and a nonzero width"));
-        }
+        let mut conv = Vec::with_capacity(cfg.layer_ropes.len());
         let row = width as u64 * 4;
-        let bytes = row * self.cfg.n_ctx as u64;
-        let max = ctx.limits.max_binding();
-        if bytes > max {
+        let conv_bytes = row * cfg.n_ctx as u64;
+        if conv_layers.iter().any(|&c| c) && conv_bytes > max {
             return Err(Error::new(
                 ErrorCode::AdapterTooSmall,
                 format!(
                     "a context of {} tokens needs {} MiB per convolution layer, above this device's {} MiB binding limit; use a context of at most {} tokens",
-                    self.cfg.n_ctx,
-                    bytes >> 20,
+                    cfg.n_ctx,
+                    conv_bytes >> 20,
                     max >> 20,
                     max / row
                 ),
             ));
         }
-        self.conv = Vec::with_capacity(conv_layers.len());
-        for (l, &is_conv) in conv_layers.iter().enumerate() {
-            if is_conv {
-                self.layers[l] = LayerKv { k: ctx.empty_storage("kv.k (conv layer, unused)", 16)?, v: ctx.empty_storage("kv.v (conv layer, unused)", 16)? };
-                self.conv.push(Some(ctx.empty_storage(&format!("kv.conv[{l}]"), bytes)?));
-            } else {
-                self.conv.push(None);
+        for l in 0..cfg.layer_ropes.len() {
+            if is_conv(l) {
+                layers.push(LayerKv { k: ctx.empty_storage("kv.k (conv layer, unused)", 16)?, v: ctx.empty_storage("kv.v (conv layer, unused)", 16)? });
+                conv.push(Some(ctx.empty_storage(&format!("kv.conv[{l}]"), conv_bytes)?));
+                continue;
             }
+            conv.push(None);
+            layers.push(LayerKv {
+                k: ctx.empty_storage(&format!("kv.k[{l}]"), layer_bytes)?,
+                v: ctx.empty_storage(&format!("kv.v[{l}]"), layer_bytes)?,
+            });
         }
-        self.conv_width = width;
         // The shift moves conv rows through the scratch too.
-        if row > self.cell_bytes() {
-            self.scratch_cells = self.scratch_cells.min((max / row) as u32).max(1);
-            self.scratch = ctx.empty_storage("kv.scratch", self.scratch_cells as u64 * row)?;
-        }
-        Ok(self)
+        let scratch_row = if conv.iter().any(|c| c.is_some()) { cell.max(row) } else { cell };
+        scratch_cells = scratch_cells.min((max / scratch_row) as u32).max(1);
+        let scratch = ctx.empty_storage("kv.scratch", scratch_cells as u64 * scratch_row)?;
+        Ok(KvCache { cfg, layers, scratch, scratch_cells, workgroup_size, n_past: 0, conv, conv_width: width })
     }
 
     /// The conv rows of layer `layer`, `(n_ctx, width)` f32, if it is a short-convolution layer.

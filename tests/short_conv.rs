@@ -80,7 +80,7 @@ gpu_test!(conv_rows_move_with_their_tokens_in_a_shift, async {
     let (n_ctx, width) = (12u32, 40u32);
     let rope = RopeConfig::new(8, 10000.0, RopeType::Neox);
     let cfg = KvCacheConfig { n_ctx, n_kv_heads: 2, head_dim: 8, layer_ropes: vec![rope; 3], shift_workgroup_size: None, max_scratch_cells: Some(3) };
-    let mut kv = KvCache::new(&ctx, cfg).unwrap().with_conv_rows(&ctx, &[false, true, true], width).unwrap();
+    let mut kv = KvCache::with_conv_rows(&ctx, cfg, &[false, true, true], width).unwrap();
     assert!(kv.conv_rows(0).is_none() && kv.conv_rows(1).is_some());
     let rows: Vec<f32> = (0..n_ctx * width).map(|i| i as f32).collect();
     for l in [1, 2] {

@@ -216,7 +216,8 @@ impl Model {
 
     /// A KV cache of `n_ctx` cells for this model.
     pub fn new_kv_cache(&self, ctx: &GpuContext, n_ctx: u32) -> Result<KvCache> {
-        let kv = KvCache::new(
+        // Short-convolution layers keep B * x of every position instead of K and V.
+        KvCache::with_conv_rows(
             ctx,
             KvCacheConfig {
                 n_ctx,
@@ -226,12 +227,9 @@ impl Model {
                 shift_workgroup_size: None,
                 max_scratch_cells: None,
             },
-        )?;
-        // Short-convolution layers keep B * x of every position instead of K and V.
-        if self.hp.conv_l_cache > 0 {
-            return kv.with_conv_rows(ctx, &self.hp.conv_layers, self.hp.n_embd);
-        }
-        Ok(kv)
+            if self.hp.conv_l_cache > 0 { &self.hp.conv_layers } else { &[] },
+            self.hp.n_embd,
+        )
     }
 
     /// Activation buffers for up to `max_batch` tokens and `max_logit_rows` rows of logits.
