@@ -44,6 +44,9 @@ fn tolerance(arch: &str, ty: &str) -> (f64, f64) {
     match (arch, ty) {
         ("gemma3" | "gemma2", "F32") => (3e-3, 5e-4),
         (_, "F32") => (1e-3, 2e-4),
+        // LFM2's gated convolution multiplies two projections (B * x, then C *), so llama.cpp's
+        // quantized activations move it more (measured: max 10-15 %, mean 1.7-2.7 % of the std).
+        ("lfm2", _) => (0.2, 0.035),
         _ => (0.16, 0.03),
     }
 }
