@@ -9,7 +9,10 @@
 //!             h = norm(x);  f = act(h W_gate) * (h W_up) W_down  [post-FFN norm]
 //!             x = x + f * residual_scale
 //! logits = norm(x) W_out / logit_scale      (W_out = token_embd when tied)
+//!          [cap * tanh(logits / cap)]       (Gemma 2's final soft-capping)
 //! ```
+//! LFM2's short-convolution layers replace the attention block with a gated convolution
+//! (`lfm2.rs`); SmolLM3's every fourth layer has no rope (a rope of zero rotary dimensions).
 //! Encoding is synchronous; the caller submits and reads back.
 
 use super::hparams::{Arch, HParams};
