@@ -49,6 +49,11 @@ export interface LoadOptions {
   nDiscard?: number;
   /** Shift the context automatically when it fills (default true); false: `CONTEXT_FULL`. */
   contextShift?: boolean;
+  /**
+   * Shift by evaluating the kept tokens again (exact, costs a prefill of them) instead of
+   * re-rotating their K cells and keeping recurrent state (default false).
+   */
+  exactContextShift?: boolean;
   /** Prefill batch size (default 64). */
   batchSize?: number;
   expectedSize?: number;

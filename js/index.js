@@ -114,7 +114,7 @@ export class Engine {
 
   /**
    * Load a model from a URL, File/Blob, ReadableStream, ArrayBuffer or Uint8Array. Options:
-   * onProgress, signal, cache, contextSize, nKeep, nDiscard, contextShift, batchSize,
+   * onProgress, signal, cache, contextSize, nKeep, nDiscard, contextShift, exactContextShift, batchSize,
    * expectedSize, expectedSha256, wasm (where the .wasm is, if not beside this file).
    */
   static async load(source, options = {}) {

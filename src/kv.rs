@@ -5,6 +5,11 @@
 //! (`kv_shift.wgsl`) into a scratch buffer and copied back; V cells move through the same
 //! scratch with two buffer copies (WebGPU forbids a copy within one buffer). Nothing is
 //! recomputed.
+//!
+//! Short-convolution layers (LFM2) keep no K/V: they keep `B * x` of every position, `(n_ctx,
+//! n_embd)` f32 ([`KvCache::with_conv_rows`]), which a shift moves like V cells. The conv state
+//! after any prefix is then its last `l_cache - 1` rows: rewinds and chat-turn reuse stay exact,
+//! and a shift keeps the state of the tokens it keeps (docs/design.md, decision 13).
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::gpu::GpuContext;
@@ -47,10 +52,24 @@ pub struct KvCache {
     scratch_cells: u32,
     workgroup_size: u32,
     n_past: u32,
+    /// Per layer: the conv rows of a short-convolution layer, `(n_ctx, conv_width)` f32.
+    conv: Vec<Option<wgpu::Buffer>>,
+    conv_width: u32,
 }
 
 impl KvCache {
     pub fn new(ctx: &GpuContext, cfg: KvCacheConfig) -> Result<Self> {
+        Self::with_conv_rows(ctx, cfg, &[], 0)
+    }
+
+    /// A cache whose layers flagged in `conv_layers` are short-convolution layers (LFM2): each
+    /// keeps `(n_ctx, width)` f32 conv rows instead of K and V (which are then a placeholder that
+    /// is never bound). An empty `conv_layers` is [`KvCache::new`].
+    pub fn with_conv_rows(ctx: &GpuContext, cfg: KvCacheConfig, conv_layers: &[bool], width: u32) -> Result<Self> {
+        if !conv_layers.is_empty() && (conv_layers.len() != cfg.layer_ropes.len() || width == 0) {
+            return Err(Error::invalid("conv rows: one flag per layer and a nonzero width"));
+        }
+        let is_conv = |l: usize| conv_layers.get(l).copied().unwrap_or(false);
         if cfg.n_ctx == 0 || cfg.n_kv_heads == 0 || cfg.layer_ropes.is_empty() {
             return Err(Error::invalid("a KV cache needs n_ctx, n_kv_heads and at least one layer"));
         }
@@ -82,14 +101,43 @@ impl KvCache {
         }
         let workgroup_size = ctx.limits.workgroup_size(cfg.shift_workgroup_size.unwrap_or(256));
         let mut layers = Vec::with_capacity(cfg.layer_ropes.len());
+        let mut conv = Vec::with_capacity(cfg.layer_ropes.len());
+        let row = width as u64 * 4;
+        let conv_bytes = row * cfg.n_ctx as u64;
+        if conv_layers.iter().any(|&c| c) && conv_bytes > max {
+            return Err(Error::new(
+                ErrorCode::AdapterTooSmall,
+                format!(
+                    "a context of {} tokens needs {} MiB per convolution layer, above this device's {} MiB binding limit; use a context of at most {} tokens",
+                    cfg.n_ctx,
+                    conv_bytes >> 20,
+                    max >> 20,
+                    max / row
+                ),
+            ));
+        }
         for l in 0..cfg.layer_ropes.len() {
+            if is_conv(l) {
+                layers.push(LayerKv { k: ctx.empty_storage("kv.k (conv layer, unused)", 16)?, v: ctx.empty_storage("kv.v (conv layer, unused)", 16)? });
+                conv.push(Some(ctx.empty_storage(&format!("kv.conv[{l}]"), conv_bytes)?));
+                continue;
+            }
+            conv.push(None);
             layers.push(LayerKv {
                 k: ctx.empty_storage(&format!("kv.k[{l}]"), layer_bytes)?,
                 v: ctx.empty_storage(&format!("kv.v[{l}]"), layer_bytes)?,
             });
         }
-        let scratch = ctx.empty_storage("kv.scratch", scratch_cells as u64 * cell)?;
-        Ok(KvCache { cfg, layers, scratch, scratch_cells, workgroup_size, n_past: 0 })
+        // The shift moves conv rows through the scratch too.
+        let scratch_row = if conv.iter().any(|c| c.is_some()) { cell.max(row) } else { cell };
+        scratch_cells = scratch_cells.min((max / scratch_row) as u32).max(1);
+        let scratch = ctx.empty_storage("kv.scratch", scratch_cells as u64 * scratch_row)?;
+        Ok(KvCache { cfg, layers, scratch, scratch_cells, workgroup_size, n_past: 0, conv, conv_width: width })
+    }
+
+    /// The conv rows of layer `layer`, `(n_ctx, width)` f32, if it is a short-convolution layer.
+    pub fn conv_rows(&self, layer: usize) -> Option<&wgpu::Buffer> {
+        self.conv.get(layer).and_then(|c| c.as_ref())
     }
 
     pub fn config(&self) -> &KvCacheConfig {
@@ -167,7 +215,11 @@ impl KvCache {
         let mut tables: Vec<(RopeConfig, wgpu::Buffer)> = Vec::new();
         for r in &self.cfg.layer_ropes {
             if !tables.iter().any(|(t, _)| t == r) {
-                let tab = r.delta_table(-(n_discard as f64));
+                let mut tab = r.delta_table(-(n_discard as f64));
+                if tab.is_empty() {
+                    // n_rot 0 (a layer without rope): a binding cannot be empty; nothing reads it.
+                    tab.push(Default::default());
+                }
                 let buf = ctx.storage_buffer("kv_shift cos/sin", bytemuck::cast_slice(&tab));
                 tables.push((r.clone(), buf));
             }
@@ -179,6 +231,14 @@ impl KvCache {
             stats.chunks += 1;
             let bytes = count as u64 * cell;
             for (l, layer) in self.layers.iter().enumerate() {
+                if let Some(rows) = self.conv_rows(l) {
+                    // Conv rows move with their tokens, like V cells.
+                    let row = self.conv_width as u64 * 4;
+                    let (src, dst) = ((end + t0) as u64 * row, (n_keep + t0) as u64 * row);
+                    enc.copy_buffer_to_buffer(rows, src, &self.scratch, 0, count as u64 * row);
+                    enc.copy_buffer_to_buffer(&self.scratch, 0, rows, dst, count as u64 * row);
+                    continue;
+                }
                 let rope = &self.cfg.layer_ropes[l];
                 let params = KvShiftParams {
                     n_keep,

@@ -174,6 +174,8 @@ gpu_test!(shift_larger_than_retained, run(Case::new(Neox, 64, 3, 40, 3, 30)));
 // Partial rotary (n_rot < head_dim): the tail moves unrotated.
 gpu_test!(partial_rotary_neox, run(Case { n_rot: 32, ..Case::new(Neox, 64, 2, 24, 2, 5) }));
 gpu_test!(partial_rotary_norm, run(Case { n_rot: 32, ..Case::new(Norm, 64, 2, 24, 2, 5) }));
+// No rope at all (SmolLM3's every fourth layer): K cells move unrotated.
+gpu_test!(no_rope_layer, run(Case { n_rot: 0, ..Case::new(Norm, 64, 2, 24, 2, 5) }));
 // Several layers with different rope bases, and a scratch smaller than the retained range
 // (the shift runs in ascending chunks).
 gpu_test!(layers_and_chunked_scratch, run(Case { layers: 3, max_scratch_cells: Some(4), ..Case::new(Neox, 64, 2, 40, 3, 2) }));

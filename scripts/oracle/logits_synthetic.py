@@ -29,9 +29,15 @@ N_CTX = 128
 def main() -> None:
     models_json = FIXTURES / "models" / "synthetic-models.json"
     models = json.loads(models_json.read_text())
+    # --only NAME...: rescore those models (model keys such as lfm2-F32, or a prefix such as
+    # lfm2), keeping the other entries of synthetic.json.
+    only = sys.argv[sys.argv.index("--only") + 1:] if "--only" in sys.argv else None
+    old = json.loads((FIXTURES / "oracle" / "synthetic.json").read_text())["models"] if only else {}
+    if only:
+        models = {k: m for k, m in models.items() if any(k == o or m["model"] == o for o in only)}
     out_dir = FIXTURES / "oracle"
     out_dir.mkdir(parents=True, exist_ok=True)
-    entries = {}
+    entries = dict(old)
     cparams = None
     t0 = time.time()
     for key, m in models.items():

@@ -13,6 +13,9 @@ Two shapes keep the committed files small:
 Both: 2 layers, n_head 4, n_head_kv 2 (GQA), head_dim 64 (so n_head*head_dim = 256 != n_embd in
 the small shape, as in Gemma 3 270M where 4*256 != 640), n_vocab 512, context 128. Exception:
 llama.cpp's qwen2 insists on n_head*head_dim == n_embd, so small qwen2 files have head_dim 16.
+lfm2 has 3 layers (short convolution, attention, short convolution: `head_count_kv` [0, 2, 0]),
+a convolution of width `shortconv.l_cache` 3 and its final norm under `token_embd_norm`; as for
+qwen2, llama.cpp requires n_head*head_dim == n_embd (head_dim 16 in the small shape).
 The tokenizer is `tokenizer.ggml.model = "none"` with `{arch}.vocab_size`: there is no vocabulary,
 the tests feed token ids.
 
@@ -72,6 +75,15 @@ ARCHS = {
     "gemma3": dict(arch="gemma3", rope_base=1000000.0, rope_base_swa=20000.0, eps=1e-6,
                    qk_norm=True, post_norms=True, tied=True,
                    sliding_window=8, sliding_window_pattern=2),
+    # SmolLM3: llama with no rope on layer 3 (every fourth layer: 4 layers needed).
+    "smollm3": dict(arch="smollm3", rope_base=500000.0, eps=1e-5, n_layer=4),
+    # Gemma 2: post-norms, alternating window, and soft-capping far below llama.cpp's defaults
+    # (50 and 30) so that both caps change these small logits.
+    "gemma2": dict(arch="gemma2", rope_base=50000.0, eps=1e-6, post_norms=True, tied=True,
+                   sliding_window=8, sliding_window_pattern=2, attn_softcap=3.0, final_softcap=2.5),
+    # LFM2: per-layer head_count_kv (0 = gated short convolution), QK-norm, tied head.
+    "lfm2": dict(arch="lfm2", rope_base=1000000.0, eps=1e-5, qk_norm=True, tied=True,
+                 head_dim={"small": 16}, n_layer=3, layer_kv=[0, N_HEAD_KV, 0], l_cache=3),
 }
 # Which types each model gets (the rope_freqs variant only needs one small and one K-quant file).
 MODEL_TYPES = {name: list(TYPES) for name in ARCHS}
@@ -103,9 +115,20 @@ def make_weights(name: str, cfg: dict, n_embd: int, n_ff: int, rng: np.random.Ge
     # Embedding entries of std 2/sqrt(n_embd): gemma3's tied head then gives logits of std about
     # 2 (peaked enough to compare, not saturated); the untied heads are scaled to match.
     t["token_embd.weight"] = (rng.standard_normal((N_VOCAB, n_embd)) * 2.0 / np.sqrt(n_embd)).astype(np.float32)
-    for il in range(N_LAYER):
+    for il in range(cfg.get("n_layer", N_LAYER)):
         p = f"blk.{il}."
         t[p + "attn_norm.weight"] = norm(n_embd)
+        if "layer_kv" in cfg and cfg["layer_kv"][il] == 0:
+            # LFM2 short convolution: in_proj -> B, C, x; conv kernel (n_embd, L) kept F32 by
+            # llama.cpp's quantizer; taps of std 0.6 so the convolution's output matters.
+            t[p + "shortconv.in_proj.weight"] = mat(3 * n_embd, n_embd, 1.5)
+            t[p + "shortconv.conv.weight"] = (0.6 * rng.standard_normal((n_embd, cfg["l_cache"]))).astype(np.float32)
+            t[p + "shortconv.out_proj.weight"] = mat(n_embd, n_embd)
+            t[p + "ffn_norm.weight"] = norm(n_embd)
+            t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
+            t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
+            t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
+            continue
         t[p + "attn_q.weight"] = mat(q_dim, n_embd)
         t[p + "attn_k.weight"] = mat(kv_dim, n_embd)
         t[p + "attn_v.weight"] = mat(kv_dim, n_embd)
@@ -126,7 +149,7 @@ def make_weights(name: str, cfg: dict, n_embd: int, n_ff: int, rng: np.random.Ge
         t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
         t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
         t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
-    t["output_norm.weight"] = norm(n_embd)
+    t["token_embd_norm.weight" if cfg["arch"] == "lfm2" else "output_norm.weight"] = norm(n_embd)
     if not cfg.get("tied"):
         gain = 2.0 * cfg.get("logit_scale", 1.0)  # granite divides the logits by logit_scale
         t["output.weight"] = mat(N_VOCAB, n_embd, gain)
@@ -143,10 +166,10 @@ def hparams(name: str, cfg: dict, n_embd: int, n_ff: int) -> dict:
     h = {
         "context_length": N_CTX,
         "embedding_length": n_embd,
-        "block_count": N_LAYER,
+        "block_count": cfg.get("n_layer", N_LAYER),
         "feed_forward_length": n_ff,
         "attention.head_count": N_HEAD,
-        "attention.head_count_kv": N_HEAD_KV,
+        "attention.head_count_kv": cfg.get("layer_kv", N_HEAD_KV),
         "attention.key_length": hd,
         "attention.value_length": hd,
         "attention.layer_norm_rms_epsilon": cfg["eps"],
@@ -158,7 +181,8 @@ def hparams(name: str, cfg: dict, n_embd: int, n_ff: int) -> dict:
                    ("logit_scale", "logit_scale"), ("attention_scale", "attention.scale"),
                    ("sliding_window", "attention.sliding_window"),
                    ("sliding_window_pattern", "attention.sliding_window_pattern"),
-                   ("rope_base_swa", "rope.freq_base_swa")]:
+                   ("rope_base_swa", "rope.freq_base_swa"), ("l_cache", "shortconv.l_cache"),
+                   ("attn_softcap", "attn_logit_softcapping"), ("final_softcap", "final_logit_softcapping")]:
         if k in cfg:
             h[key] = cfg[k]
     return h
@@ -180,11 +204,13 @@ def write_gguf(path: Path, name: str, cfg: dict, shape: str, qtype, file_type: i
         full = f"{arch}.{key}"
         if isinstance(val, float):
             w.add_float32(full, val)
+        elif isinstance(val, list):  # per-layer values (lfm2's head_count_kv), as INT32 like the converter
+            w.add_array(full, val)
         else:
             w.add_uint32(full, int(val))
     w.add_tokenizer_model("none")
     for tname, arr in tensors.items():
-        if arr.ndim == 2 and qtype not in (None, QT.F32):
+        if arr.ndim == 2 and qtype not in (None, QT.F32) and "shortconv.conv" not in tname:
             w.add_tensor(tname, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(tname, arr)
@@ -247,8 +273,10 @@ def main() -> None:
     args = ap.parse_args()
     names = args.only or list(ARCHS)
     manifest = build(names)
-    if not args.only:  # the manifest lists every model; a partial rebuild leaves it alone
-        (OUT / "synthetic-models.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    path = OUT / "synthetic-models.json"
+    if args.only and path.exists():  # a partial rebuild updates its models' entries only
+        manifest = {**json.loads(path.read_text()), **manifest}
+    path.write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 if __name__ == "__main__":

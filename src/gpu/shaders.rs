@@ -20,6 +20,8 @@ pub const FILES: &[(&str, &str)] = &[
     ("rope.wgsl", include_str!("../../shaders/rope.wgsl")),
     ("qk_rope.wgsl", include_str!("../../shaders/qk_rope.wgsl")),
     ("glu.wgsl", include_str!("../../shaders/glu.wgsl")),
+    ("short_conv.wgsl", include_str!("../../shaders/short_conv.wgsl")),
+    ("softcap.wgsl", include_str!("../../shaders/softcap.wgsl")),
     ("elementwise.wgsl", include_str!("../../shaders/elementwise.wgsl")),
     ("attention.wgsl", include_str!("../../shaders/attention.wgsl")),
     ("attention_split.wgsl", include_str!("../../shaders/attention_split.wgsl")),

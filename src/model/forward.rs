@@ -9,7 +9,10 @@
 //!             h = norm(x);  f = act(h W_gate) * (h W_up) W_down  [post-FFN norm]
 //!             x = x + f * residual_scale
 //! logits = norm(x) W_out / logit_scale      (W_out = token_embd when tied)
+//!          [cap * tanh(logits / cap)]       (Gemma 2's final soft-capping)
 //! ```
+//! LFM2's short-convolution layers replace the attention block with a gated convolution
+//! (`lfm2.rs`); SmolLM3's every fourth layer has no rope (a rope of zero rotary dimensions).
 //! Encoding is synchronous; the caller submits and reads back.
 
 use super::hparams::{Arch, HParams};
@@ -22,6 +25,9 @@ use crate::kv::{KvCache, KvCacheConfig};
 use crate::loader::LoadedModel;
 use crate::ops::rope::RopeTable;
 use crate::rope::RopeConfig;
+
+#[path = "lfm2.rs"]
+mod lfm2;
 
 /// Which rows of the batch get logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +66,8 @@ struct Layer {
     /// The QK-norm weights side by side, `(2, head_dim)` f32 (q's, then k's), as `qk_rope` binds
     /// them: a copy of 2 x head_dim values made once at load.
     qk_norm: Option<wgpu::Buffer>,
+    /// LFM2: a short-convolution layer in place of attention.
+    conv: Option<lfm2::ConvLayer>,
 }
 
 pub struct Model {
@@ -67,6 +75,8 @@ pub struct Model {
     pub weights: LoadedModel,
     layers: Vec<Layer>,
     output: String,
+    /// The final norm (`output_norm`; LFM2 stores it as `token_embd_norm`).
+    output_norm: String,
     /// The rope of each layer (base, layout, frequency factors), shared with the KV cache shift.
     pub layer_ropes: Vec<RopeConfig>,
     /// Each layer's index into `rope_tables` (layers with the same rope share a table).
@@ -91,6 +101,8 @@ pub struct Workspace {
     o: wgpu::Buffer,
     /// gate and up side by side, `(n, 2 n_ff)`.
     gate_up: wgpu::Buffer,
+    /// `(n, 3 n_embd)`: a short-convolution layer's B | C | x (models with conv layers only).
+    bcx: Option<wgpu::Buffer>,
     /// `(rows, n_vocab)` f32.
     pub logits: wgpu::Buffer,
 }
@@ -110,7 +122,11 @@ impl Model {
         let opt = |n: String| if has(&n) { Some(n) } else { None };
         let mut layers = Vec::with_capacity(hp.n_layer as usize);
         for l in 0..hp.n_layer {
-            let gemma = hp.arch == Arch::Gemma3;
+            if hp.is_conv(l) {
+                layers.push(lfm2::conv_layer(ctx, &weights, &hp, l).await?);
+                continue;
+            }
+            let gemma = hp.post_norms;
             let qkv = [need(T::AttnQ.name(l))?, need(T::AttnK.name(l))?, need(T::AttnV.name(l))?];
             let gate_up = [need(T::FfnGate.name(l))?, need(T::FfnUp.name(l))?];
             layers.push(Layer {
@@ -128,6 +144,7 @@ impl Model {
                 down: need(T::FfnDown.name(l))?,
                 post_ffw_norm: if gemma { Some(need(T::PostFfwNorm.name(l))?) } else { None },
                 qk_norm: None,
+                conv: None,
             });
         }
         // The QK-norm weights of each layer side by side in one small buffer (copied on the GPU).
@@ -148,7 +165,7 @@ impl Model {
         }
         ctx.submit([enc.finish()]);
         need(names::TOKEN_EMBD.to_string())?;
-        need(names::OUTPUT_NORM.to_string())?;
+        let output_norm = need(if hp.arch == Arch::Lfm2 { names::OUTPUT_NORM_LFM2 } else { names::OUTPUT_NORM }.to_string())?;
         let output = if has(names::OUTPUT) { names::OUTPUT.to_string() } else { names::TOKEN_EMBD.to_string() };
         // Frequency factors: also kept on the CPU, because the context shift's cos/sin table
         // needs them.
@@ -169,6 +186,11 @@ impl Model {
                 let swa = hp.is_swa(l);
                 let mut r = RopeConfig::new(hp.head_dim as usize, if swa { hp.rope_base_swa } else { hp.rope_base }, hp.rope_type);
                 r.n_rot = hp.n_rot as usize;
+                // SmolLM3's no-rope layers: no dimension rotates (K cells then shift unrotated).
+                if !hp.uses_rope(l) {
+                    r.n_rot = 0;
+                    return r;
+                }
                 let s = if swa { 1.0 } else { hp.rope_freq_scale };
                 r.freq_factors = match (&ff, s != 1.0) {
                     (Some(f), _) => Some(f.iter().map(|x| x / s).collect()),
@@ -190,7 +212,7 @@ impl Model {
             };
             layer_table.push(i);
         }
-        Ok(Model { hp, weights, layers, output, layer_ropes, layer_table, rope_tables })
+        Ok(Model { hp, weights, layers, output, output_norm, layer_ropes, layer_table, rope_tables })
     }
 
     /// The output head (`token_embd` when tied).
@@ -204,7 +226,8 @@ impl Model {
 
     /// A KV cache of `n_ctx` cells for this model.
     pub fn new_kv_cache(&self, ctx: &GpuContext, n_ctx: u32) -> Result<KvCache> {
-        KvCache::new(
+        // Short-convolution layers keep B * x of every position instead of K and V.
+        KvCache::with_conv_rows(
             ctx,
             KvCacheConfig {
                 n_ctx,
@@ -214,6 +237,8 @@ impl Model {
                 shift_workgroup_size: None,
                 max_scratch_cells: None,
             },
+            if self.hp.conv_l_cache > 0 { &self.hp.conv_layers } else { &[] },
+            self.hp.n_embd,
         )
     }
 
@@ -240,6 +265,7 @@ impl Model {
             att: f("attn", b * hp.q_dim() as u64)?,
             o: f("o", b * hp.n_embd as u64)?,
             gate_up: f("gate_up", b * 2 * hp.n_ff as u64)?,
+            bcx: if hp.conv_l_cache > 0 { Some(f("bcx", b * 3 * hp.n_embd as u64)?) } else { None },
             logits: f("logits", max_logit_rows as u64 * hp.n_vocab as u64)?,
         })
     }
@@ -348,6 +374,11 @@ impl Model {
         // before it.
         kernels::rmsnorm(&mut rec, &ws.x, Some(self.w(&self.layers[0].attn_norm)), &ws.h, n, e, hp.rms_eps)?;
         for (l, layer) in self.layers.iter().enumerate() {
+            if layer.conv.is_some() {
+                // LFM2: a short-convolution block in place of attention, then the same FFN.
+                self.plan_conv_layer(&mut rec, ws, kv, l, n)?;
+                continue;
+            }
             let rope_table = &self.rope_tables[self.layer_table[l]];
             // q, k, v projections of h (+ bias), side by side         (n, q_dim + 2 kv_dim)
             let qkv_w = (qd + 2 * kvd) as u64;
@@ -380,7 +411,7 @@ impl Model {
             let post = layer.post_ffw_norm.as_ref().map(|w| self.w(w));
             let next_norm = match self.layers.get(l + 1) {
                 Some(next) => self.w(&next.attn_norm),
-                None => self.w(names::OUTPUT_NORM),
+                None => self.w(&self.output_norm),
             };
             kernels::residual_norm(&mut rec, &ws.x, &ws.o, post, hp.residual_scale, next_norm, &ws.h, n, e, hp.rms_eps)?;
         }
@@ -394,6 +425,11 @@ impl Model {
         if hp.logit_scale != 1.0 {
             let lr = if rows == LogitRows::Last { 1 } else { n };
             kernels::scale(&mut rec, &ws.logits, 1.0 / hp.logit_scale, lr * hp.n_vocab)?;
+        }
+        // Gemma 2: logits = cap * tanh(logits / cap).
+        if hp.final_softcap > 0.0 {
+            let lr = if rows == LogitRows::Last { 1 } else { n };
+            crate::ops::softcap::prepare(&mut rec, &ws.logits, 0, lr * hp.n_vocab, hp.final_softcap)?;
         }
         Ok(ForwardPlan { n_tokens: n, rows, max_cells, prepared: rec.finish(), _attn_scratch: attn_scratch })
     }

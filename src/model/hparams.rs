@@ -15,8 +15,16 @@ pub enum Arch {
     Qwen3,
     /// Granite: embedding, residual, attention and logit scales.
     Granite,
+    /// SmolLM3: LLaMA with no rope on every fourth layer.
+    Smollm3,
+    /// Gemma 2: embedding scale, post-attention/post-FFN norms, GeGLU, alternating sliding
+    /// window, attention and final logit soft-capping.
+    Gemma2,
     /// Gemma 3: embedding scale, QK-norm, post-attention/post-FFN norms, GeGLU, sliding window.
     Gemma3,
+    /// LFM2 (Liquid): a hybrid of gated short-convolution layers and GQA attention layers with
+    /// QK-norm, chosen per layer by `head_count_kv` (0 = convolution).
+    Lfm2,
 }
 
 impl Arch {
@@ -26,11 +34,14 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "granite" => Arch::Granite,
+            "smollm3" => Arch::Smollm3,
+            "gemma2" => Arch::Gemma2,
             "gemma3" => Arch::Gemma3,
+            "lfm2" => Arch::Lfm2,
             other => {
                 return Err(Error::new(
                     ErrorCode::UnsupportedArch,
-                    format!("architecture \"{other}\" is not supported; cera-web runs llama, qwen2, qwen3, granite and gemma3"),
+                    format!("architecture \"{other}\" is not supported; cera-web runs llama, qwen2, qwen3, granite, smollm3, gemma2, gemma3 and lfm2"),
                 ))
             }
         })
@@ -42,7 +53,10 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Granite => "granite",
+            Arch::Smollm3 => "smollm3",
+            Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
+            Arch::Lfm2 => "lfm2",
         }
     }
 }
@@ -83,6 +97,16 @@ pub struct HParams {
     pub qk_norm: bool,
     pub post_norms: bool,
     pub qkv_bias: bool,
+    /// Layer `l` has no rope when `(l + 1) % no_rope_step == 0` (SmolLM3: 4); 0 = rope everywhere.
+    pub no_rope_step: u32,
+    /// Attention logits become `cap * tanh(logit / cap)` (Gemma 2: 50); 0 = none.
+    pub attn_softcap: f32,
+    /// Output logits become `cap * tanh(logit / cap)` (Gemma 2: 30); 0 = none.
+    pub final_softcap: f32,
+    /// Width of the short convolution (`shortconv.l_cache`, LFM2: 3); 0 when no layer has one.
+    pub conv_l_cache: u32,
+    /// Per layer: a short-convolution layer (LFM2, `head_count_kv` 0) instead of attention.
+    pub conv_layers: Vec<bool>,
 }
 
 impl HParams {
@@ -98,7 +122,17 @@ impl HParams {
         let n_head = need("attention.head_count")?;
         let n_layer = need("block_count")?;
         let n_ff = need("feed_forward_length")?;
-        let n_head_kv = h.get_u32(&key("attention.head_count_kv")).unwrap_or(n_head);
+        // LFM2 writes head_count_kv per layer (0 on its convolution layers).
+        let per_layer_kv = u32_array(h, &key("attention.head_count_kv")).filter(|v| v.len() == n_layer as usize);
+        let n_head_kv = match &per_layer_kv {
+            Some(v) => v.iter().copied().max().unwrap_or(0),
+            None => h.get_u32(&key("attention.head_count_kv")).unwrap_or(n_head),
+        };
+        if let Some(v) = &per_layer_kv {
+            if v.iter().any(|&k| k != 0 && k != n_head_kv) {
+                return Err(Error::new(ErrorCode::BadGguf, format!("attention layers with different KV head counts ({v:?}) are not supported")));
+            }
+        }
         let head_dim = h.get_u32(&key("attention.key_length")).unwrap_or(n_embd / n_head.max(1));
         if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || head_dim == 0 || head_dim % 2 != 0 {
             return Err(Error::new(
@@ -113,8 +147,8 @@ impl HParams {
             .ok_or_else(|| Error::new(ErrorCode::BadGguf, "cannot tell the vocabulary size"))?;
         let rms_eps = h.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5);
         let rope_type = match arch {
-            Arch::Llama | Arch::Granite => RopeType::Norm,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => RopeType::Neox,
+            Arch::Llama | Arch::Granite | Arch::Smollm3 => RopeType::Norm,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Lfm2 => RopeType::Neox,
         };
         let n_rot = h.get_u32(&key("rope.dimension_count")).unwrap_or(head_dim);
         let rope_base = h.get_f32(&key("rope.freq_base")).unwrap_or(10000.0);
@@ -150,9 +184,16 @@ impl HParams {
             qk_norm: false,
             post_norms: false,
             qkv_bias: false,
+            no_rope_step: 0,
+            attn_softcap: 0.0,
+            final_softcap: 0.0,
+            conv_l_cache: 0,
+            conv_layers: vec![false; n_layer as usize],
         };
         match arch {
             Arch::Llama => {}
+            // llama.cpp fixes the step at 4 (no GGUF key).
+            Arch::Smollm3 => hp.no_rope_step = 4,
             Arch::Qwen2 => hp.qkv_bias = true,
             Arch::Qwen3 => hp.qk_norm = true,
             Arch::Granite => {
@@ -176,13 +217,63 @@ impl HParams {
                     hp.attention_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
                 }
             }
+            Arch::Gemma2 => {
+                hp.embedding_scale = (n_embd as f32).sqrt();
+                hp.activation = Activation::GeluTanh;
+                hp.post_norms = true;
+                // llama.cpp: window 4096 and every other layer sliding (pattern 2) unless the
+                // file says otherwise; the local rope base is the global one.
+                hp.sliding_window = h.get_u32(&key("attention.sliding_window")).unwrap_or(4096);
+                hp.swa_pattern = h.get_u32(&key("attention.sliding_window_pattern")).unwrap_or(2);
+                hp.rope_base_swa = h.get_f32(&key("rope.freq_base_swa")).unwrap_or(rope_base);
+                hp.attn_softcap = h.get_f32(&key("attn_logit_softcapping")).unwrap_or(50.0);
+                hp.final_softcap = h.get_f32(&key("final_logit_softcapping")).unwrap_or(30.0);
+                // 27B (46 layers) scales by n_embd / n_head, the others by head_dim.
+                if n_layer == 46 {
+                    hp.attention_scale = 1.0 / ((n_embd / n_head) as f32).sqrt();
+                }
+            }
+            Arch::Lfm2 => {
+                hp.qk_norm = true;
+                hp.rms_eps = h.get_f32(&key("attention.layer_norm_rms_epsilon")).ok_or_else(|| {
+                    Error::new(ErrorCode::BadGguf, format!("the GGUF lacks {} (needed for lfm2)", key("attention.layer_norm_rms_epsilon")))
+                })?;
+                hp.conv_l_cache = need("shortconv.l_cache")?;
+                hp.conv_layers = match &per_layer_kv {
+                    Some(v) => v.iter().map(|&k| k == 0).collect(),
+                    None => vec![false; n_layer as usize],
+                };
+                // Optional (LFM2.5-style files): every attention layer slides.
+                hp.sliding_window = h.get_u32(&key("attention.sliding_window")).unwrap_or(0);
+                // The conv block's input projection gives (B, C, x) of n_embd each, and attention
+                // projects back from n_head * head_dim = n_embd (llama.cpp checks both shapes).
+                if hp.conv_l_cache < 2 || hp.q_dim() != n_embd {
+                    return Err(Error::new(
+                        ErrorCode::BadGguf,
+                        format!("lfm2: shortconv.l_cache {} (at least 2) and n_head * head_dim {} (must equal n_embd {n_embd})", hp.conv_l_cache, hp.q_dim()),
+                    ));
+                }
+            }
         }
         Ok(hp)
     }
 
     /// Whether layer `l` attends through the sliding window.
     pub fn is_swa(&self, l: u32) -> bool {
+        if self.arch == Arch::Lfm2 {
+            return self.sliding_window > 0 && !self.is_conv(l);
+        }
         self.sliding_window > 0 && self.swa_pattern > 1 && l % self.swa_pattern < self.swa_pattern - 1
+    }
+
+    /// Whether layer `l` applies rope to q and k (SmolLM3 leaves it out on every fourth layer).
+    pub fn uses_rope(&self, l: u32) -> bool {
+        self.no_rope_step == 0 || (l + 1) % self.no_rope_step != 0
+    }
+
+    /// Whether layer `l` is a short-convolution layer (LFM2) rather than attention.
+    pub fn is_conv(&self, l: u32) -> bool {
+        self.conv_layers.get(l as usize).copied().unwrap_or(false)
     }
 
     pub fn kv_dim(&self) -> u32 {
@@ -191,5 +282,39 @@ impl HParams {
 
     pub fn q_dim(&self) -> u32 {
         self.n_head * self.head_dim
+    }
+}
+
+/// An integer array key as u32s (gguf-py writes Python ints as INT32, other writers UINT32).
+fn u32_array(h: &GgufHeader, key: &str) -> Option<Vec<u32>> {
+    use crate::gguf::MetaArray as A;
+    let v: Vec<u32> = match h.get_array(key)? {
+        A::U8(v) => v.iter().map(|&x| x as u32).collect(),
+        A::U16(v) => v.iter().map(|&x| x as u32).collect(),
+        A::U32(v) => v.clone(),
+        A::U64(v) => v.iter().map(|&x| u32::try_from(x).ok()).collect::<Option<_>>()?,
+        A::I8(v) => v.iter().map(|&x| u32::try_from(x).ok()).collect::<Option<_>>()?,
+        A::I16(v) => v.iter().map(|&x| u32::try_from(x).ok()).collect::<Option<_>>()?,
+        A::I32(v) => v.iter().map(|&x| u32::try_from(x).ok()).collect::<Option<_>>()?,
+        A::I64(v) => v.iter().map(|&x| u32::try_from(x).ok()).collect::<Option<_>>()?,
+        _ => return None,
+    };
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_architectures_are_named() {
+        for name in ["qwen35", "phi3", "lfm2moe"] {
+            let e = Arch::from_name(name).unwrap_err();
+            assert_eq!(e.code, ErrorCode::UnsupportedArch);
+            assert!(e.message.contains(&format!("\"{name}\"")), "{e}");
+        }
+        for name in ["llama", "qwen2", "qwen3", "granite", "smollm3", "gemma2", "gemma3", "lfm2"] {
+            assert_eq!(Arch::from_name(name).unwrap().name(), name);
+        }
     }
 }

@@ -119,7 +119,7 @@ pub fn attention(
 }
 
 fn attention_params(hp: &HParams, n: u32, window: u32) -> attention::AttentionParams {
-    attention::AttentionParams::new(n, hp.n_head, hp.n_head_kv, hp.head_dim, 0, window, hp.attention_scale, 0.0)
+    attention::AttentionParams::new(n, hp.n_head, hp.n_head_kv, hp.head_dim, 0, window, hp.attention_scale, hp.attn_softcap)
 }
 
 /// The scratch of the split attention kernel for a plan of `n` tokens over at most `max_cells`

@@ -4,6 +4,8 @@ pub const TOKEN_EMBD: &str = "token_embd.weight";
 pub const OUTPUT_NORM: &str = "output_norm.weight";
 pub const OUTPUT: &str = "output.weight";
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
+/// LFM2's final norm: llama.cpp's converter writes it under this name (`LLM_TENSOR_OUTPUT_NORM_LFM2`).
+pub const OUTPUT_NORM_LFM2: &str = "token_embd_norm.weight";
 
 /// Per-layer tensors: `blk.{l}.{suffix}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +26,12 @@ pub enum LayerTensor {
     FfnUp,
     FfnDown,
     PostFfwNorm,
+    /// LFM2 short convolution: depthwise kernel `(n_embd, l_cache)`, f32.
+    ShortConv,
+    /// LFM2 short convolution: input projection `n_embd -> 3 n_embd` (B, C, x).
+    ShortConvInProj,
+    /// LFM2 short convolution: output projection `n_embd -> n_embd`.
+    ShortConvOutProj,
 }
 
 impl LayerTensor {
@@ -46,6 +54,9 @@ impl LayerTensor {
             FfnUp => "ffn_up.weight",
             FfnDown => "ffn_down.weight",
             PostFfwNorm => "post_ffw_norm.weight",
+            ShortConv => "shortconv.conv.weight",
+            ShortConvInProj => "shortconv.in_proj.weight",
+            ShortConvOutProj => "shortconv.out_proj.weight",
         }
     }
 

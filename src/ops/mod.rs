@@ -15,6 +15,8 @@ pub mod penalty;
 pub mod qk_rope;
 pub mod rmsnorm;
 pub mod rope;
+pub mod short_conv;
+pub mod softcap;
 pub mod topk;
 
 /// A `#[repr(C)]` params struct that a WGSL struct of the same name mirrors.
@@ -53,6 +55,8 @@ pub fn all_variants() -> Vec<Variant> {
     v.extend(elementwise::variants());
     v.extend(attention::variants());
     v.extend(attention_split::variants());
+    v.extend(short_conv::variants());
+    v.extend(softcap::variants());
     v
 }
 
@@ -75,5 +79,7 @@ pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usiz
     v.push(entry::<attention_split::SplitParams>());
     v.push(entry::<gemm::GemmParams>());
     v.push(entry::<matmul_bench::BenchCopyParams>());
+    v.push(entry::<short_conv::ShortConvParams>());
+    v.push(entry::<softcap::SoftcapParams>());
     v
 }

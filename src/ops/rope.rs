@@ -72,7 +72,11 @@ pub struct RopeTable {
 impl RopeTable {
     pub fn new(ctx: &GpuContext, config: &RopeConfig) -> Result<Self> {
         config.validate()?;
-        let words = Self::words(config);
+        let mut words = Self::words(config);
+        if words.is_empty() {
+            // n_rot 0 (a layer without rope): a binding cannot be empty; nothing reads it.
+            words.push([0, 0]);
+        }
         let buffer = ctx.storage_buffer("rope freq table", bytemuck::cast_slice(&words));
         Ok(RopeTable { config: config.clone(), buffer })
     }

@@ -54,6 +54,8 @@ struct LoadOptions {
     n_keep: Option<u32>,
     n_discard: Option<u32>,
     context_shift: Option<bool>,
+    /// Shift by re-evaluating the kept tokens (exact) instead of keeping their cache and state.
+    exact_context_shift: Option<bool>,
     batch_size: Option<u32>,
     expected_size: Option<u64>,
     expected_sha256: Option<String>,
@@ -573,6 +575,7 @@ async fn load_on(
         context_shift: opts.context_shift.unwrap_or(defaults.context_shift),
         batch: opts.batch_size.unwrap_or(defaults.batch),
         chain: defaults.chain,
+        shift_recompute: opts.exact_context_shift.unwrap_or(defaults.shift_recompute),
     };
     let session = Session::new(ctx.clone(), model.clone(), tok.clone(), sopts.clone())?;
     ctx.check_errors()?;
@@ -717,10 +720,8 @@ async fn generate(
     if keep == 0 {
         session.reset();
     } else if keep < held {
-        // Drop the cells after the prefix: a shift that retains nothing moves no data.
-        let shifts = session.shifts;
-        session.shift(keep as u32, (held - keep) as u32)?;
-        session.shifts = shifts;
+        // Forget the cells after the prefix (a conv layer's state at the prefix is its rows there).
+        session.truncate(keep as u32)?;
     }
     let suffix = &tokens[keep..];
 
