@@ -278,6 +278,19 @@ impl<'a> StreamLoader<'a> {
     }
 }
 
+/// A load dropped before [`StreamLoader::finish`] (aborted, failed, or cut off) frees its GPU
+/// buffers at once. Natively the rows written so far wait in wgpu's queue until the next
+/// submission, and those pending writes hold the tensors' buffers: without a submission here an
+/// aborted load kept its buffers (up to the whole model's size) until the device next ran work.
+impl Drop for StreamLoader<'_> {
+    fn drop(&mut self) {
+        if !self.tensors.is_empty() {
+            self.tensors.clear();
+            self.ctx.queue.submit([]);
+        }
+    }
+}
+
 /// GGUF errors as engine errors: an unsupported tensor type is `UNSUPPORTED_QUANT`, the rest
 /// `BAD_GGUF`.
 pub fn gguf_error(e: GgufError) -> Error {
