@@ -1,11 +1,9 @@
 //! Churn: 100 load / generate / drop cycles of a tiny model (made here from a seed), 20 loads cut
-//! off at random points of the stream, 20 generations stopped at random steps. After each cycle
-//! the live GPU buffers are back to the count before it; in Chrome the wasm heap stops growing;
-//! a stopped generation leaves a session that continues exactly as an uninterrupted one.
-//!
-//! Live buffers: natively wgpu's internal counters (the `counters` feature, on for the tests), in
-//! Chrome a count of `GPUDevice.createBuffer` minus `GPUBuffer.destroy` (as `countGpuBuffers` in
-//! js/index.js), installed before the device is made.
+//! off at random points of the stream, 20 generations stopped at random steps. Every cycle
+//! generates the same ids; a cut load is refused; a stopped generation leaves a session that
+//! continues exactly as an uninterrupted one. Natively, after each cycle and abort the live GPU
+//! buffers (wgpu's internal counters, the `counters` feature, on for the tests) are back to the
+//! count before it; in Chrome the wasm heap does not grow between cycle 10 and cycle 100.
 
 mod common;
 
@@ -21,29 +19,22 @@ use std::sync::Arc;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-/// Live GPU buffers now (after letting the device free what was dropped).
-#[cfg(not(target_arch = "wasm32"))]
-fn live_buffers(ctx: &GpuContext) -> isize {
-    ctx.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).unwrap();
-    ctx.device.get_internal_counters().hal.buffers.read()
-}
-
-#[cfg(target_arch = "wasm32")]
-fn install_buffer_counter() {
-    let src = "if (globalThis.__churnLive) return; const live = new Set(); globalThis.__churnLive = live;
-        const create = GPUDevice.prototype.createBuffer;
-        GPUDevice.prototype.createBuffer = function (d) { const b = create.call(this, d); live.add(b); return b; };
-        const destroy = GPUBuffer.prototype.destroy;
-        GPUBuffer.prototype.destroy = function () { live.delete(this); return destroy.call(this); };";
-    js_sys::Function::new_no_args(src).call0(&wasm_bindgen::JsValue::NULL).unwrap();
-}
-
-/// Live GPU buffers now. In the browser a buffer dropped by Rust is destroyed by wgpu's
-/// `Drop` (`GPUBuffer.destroy`), so the count is exact without waiting for garbage collection.
-#[cfg(target_arch = "wasm32")]
-fn live_buffers(_ctx: &GpuContext) -> isize {
-    let live = js_sys::Reflect::get(&js_sys::global(), &"__churnLive".into()).unwrap();
-    js_sys::Reflect::get(&live, &"size".into()).unwrap().as_f64().unwrap() as isize
+/// Live GPU buffers now (after letting the device free what was dropped), natively. In the
+/// browser wgpu leaves a dropped buffer to the garbage collector (no `GPUBuffer.destroy()` on
+/// drop), so a count there says nothing about leaks; the engine frees its GPU memory by
+/// destroying its device (`Engine.dispose`, a failed or aborted load), which the end-to-end
+/// tests count in the page. `None` there.
+fn live_buffers(ctx: &GpuContext) -> Option<isize> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        ctx.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).unwrap();
+        Some(ctx.device.get_internal_counters().hal.buffers.read())
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = ctx;
+        None
+    }
 }
 
 /// The wasm heap in bytes (natively: not measured, 0).
@@ -58,8 +49,6 @@ fn heap_bytes() -> usize {
 }
 
 async fn context() -> GpuContext {
-    #[cfg(target_arch = "wasm32")]
-    install_buffer_counter();
     common::context().await
 }
 
@@ -69,7 +58,7 @@ fn greedy(max_tokens: u32) -> GenerateOptions {
 
 /// One cycle: load, generate `n` greedy tokens, drop everything. Returns the ids and the live
 /// buffers while loaded.
-async fn cycle(ctx: &Arc<GpuContext>, bytes: &[u8], n: u32) -> (Vec<u32>, isize) {
+async fn cycle(ctx: &Arc<GpuContext>, bytes: &[u8], n: u32) -> (Vec<u32>, Option<isize>) {
     let weights = common::load_bytes(ctx, bytes).unwrap();
     let tok = Arc::new(Tokenizer::from_gguf(&weights.header).unwrap());
     let model = Arc::new(Model::new(ctx, weights).await.unwrap());
@@ -95,8 +84,10 @@ async fn churn() {
     let (first, loaded) = cycle(&ctx, &bytes, 8).await;
     assert_eq!(first.len(), 8);
     let kept = live_buffers(&ctx);
-    assert!(loaded > kept + 10, "{loaded} buffers while loaded, {kept} after");
-    assert!(kept - base <= 2, "the first cycle left {} buffers", kept - base);
+    if let (Some(base), Some(loaded), Some(kept)) = (base, loaded, kept) {
+        assert!(loaded > kept + 10, "{loaded} buffers while loaded, {kept} after");
+        assert!(kept - base <= 2, "the first cycle left {} buffers", kept - base);
+    }
     let mut heap_after_10 = 0;
     for i in 1..100 {
         let (ids, live) = cycle(&ctx, &bytes, 8).await;
@@ -109,7 +100,7 @@ async fn churn() {
     }
     let heap = heap_bytes();
     tlog!(
-        "churn: 100 load/generate/drop cycles, {loaded} buffers while loaded, back to {kept} after each; wasm heap {} KiB after 10, {} KiB after 100; {:.1} s",
+        "churn: 100 load/generate/drop cycles, {loaded:?} buffers while loaded, back to {kept:?} after each; wasm heap {} KiB after 10, {} KiB after 100; {:.1} s",
         heap_after_10 >> 10,
         heap >> 10,
         now_s() - t0
@@ -131,7 +122,7 @@ async fn churn() {
         }
         let during = live_buffers(&ctx);
         drop(loader);
-        assert_eq!(live_buffers(&ctx), kept, "abort {i} at byte {cut} of {} ({during} buffers live at the abort)", bytes.len());
+        assert_eq!(live_buffers(&ctx), kept, "abort {i} at byte {cut} of {} ({during:?} buffers live at the abort)", bytes.len());
     }
     // A cut stream that is finished anyway is refused, and leaves nothing either.
     let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
