@@ -2,7 +2,8 @@
 //! Chrome: token ids outside the vocabulary (also at the end of a prompt longer than a prefill
 //! chunk), a prompt longer than the whole context, impossible session options, and GGUF headers
 //! that declare absurd sizes (10^9 tensors, a 10^8-entry vocabulary, a 2^40-element tensor),
-//! streamed in small pieces: each is refused before anything is allocated for it.
+//! streamed in small pieces: each is refused before anything is allocated for it; from a stream
+//! of unknown length, GPU memory follows the bytes that actually arrive.
 
 mod common;
 
@@ -131,5 +132,26 @@ async fn gguf_refusals() {
         tlog!("{what}: {:?}: {}", e.code, e.message);
         assert!(matches!(e.code, ErrorCode::BadGguf | ErrorCode::AdapterTooSmall), "{what}: {e}");
     }
+
+    // The 2^40-element tensor from a stream of unknown length that keeps sending bytes (8 MiB):
+    // GPU memory follows the rows received (one part, not 32,768 parts of up to 128 MiB), and
+    // the end of the stream refuses the model.
+    #[cfg(not(target_arch = "wasm32"))]
+    let live = || {
+        ctx.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).unwrap();
+        ctx.device.get_internal_counters().hal.buffers.read()
+    };
+    #[cfg(not(target_arch = "wasm32"))]
+    let before = live();
+    let mut loader = StreamLoader::new(&ctx, None);
+    loader.push(&huge[..huge.len() - 32]).unwrap();
+    for _ in 0..8 {
+        loader.push(&vec![0u8; 1 << 20]).unwrap();
+    }
+    // One part buffer and wgpu's staging for the queued writes.
+    #[cfg(not(target_arch = "wasm32"))]
+    assert!(live() - before <= 6, "{} GPU buffers made for 8 MiB of a declared 4 TiB tensor", live() - before);
+    let e = loader.finish().err().expect("a truncated 4 TiB tensor must not load");
+    assert_eq!(e.code, ErrorCode::BadGguf, "{e}");
 }
 gpu_test!(gguf_headers_declaring_absurd_sizes_are_refused, gguf_refusals());

@@ -1,10 +1,16 @@
 //! Streaming load: GGUF bytes in any chunking -> GPU buffers, with the wasm heap bounded.
 //!
 //! The loader drives [`crate::gguf::GgufParser`]. On the header it plans every tensor for this
-//! device ([`plan`]: GPU layout bytes, parts under the binding limit) and creates the buffers.
-//! Tensor bytes then pass through one bounded staging area: whole rows are repacked
-//! (`crate::quant::gpu::repack_rows`) and written with `queue.write_buffer` at their place. The
-//! heap holds the header, at most `staging` bytes of rows and one partial row: never the model.
+//! device ([`plan`]: GPU layout bytes, parts under the binding limit) and checks each part
+//! against the device's buffer size limit. Tensor bytes then pass through one bounded staging
+//! area: whole rows are repacked (`crate::quant::gpu::repack_rows`) and written with
+//! `queue.write_buffer` at their place. The heap holds the header, at most `staging` bytes of rows
+//! and one partial row: never the model.
+//!
+//! A part's buffer is created when its first row arrives, not at the header: GPU memory follows
+//! the bytes received. A header is only a claim (a stream of unknown length can declare a
+//! 2^40-element tensor, 32,768 buffers of 128 MiB, then send a few bytes), so nothing is
+//! allocated for what has not come.
 
 mod plan;
 
@@ -192,13 +198,16 @@ impl<'a> StreamLoader<'a> {
 
     fn on_header(&mut self, h: Arc<GgufHeader>) -> Result<()> {
         let plan = plan(&h, self.max_binding)?;
+        let max = self.ctx.limits.max_buffer_size;
         for pt in &plan.tensors {
-            let mut parts = Vec::with_capacity(pt.parts.len());
-            for (i, &(row_start, rows)) in pt.parts.iter().enumerate() {
-                let label = if pt.parts.len() > 1 { format!("{}[{i}]", pt.name) } else { pt.name.clone() };
-                let buffer = self.ctx.empty_storage(&label, rows * pt.row_bytes)?;
-                parts.push(TensorPart { buffer, row_start, rows });
+            // Refuse now what no buffer of this device can hold (the buffers come with the rows).
+            if let Some(&(_, rows)) = pt.parts.iter().find(|&&(_, rows)| rows * pt.row_bytes > max) {
+                return Err(Error::new(
+                    ErrorCode::AdapterTooSmall,
+                    format!("{} needs {} bytes, above this device's maxBufferSize {max}", pt.name, rows * pt.row_bytes),
+                ));
             }
+            let parts = Vec::with_capacity(pt.parts.len());
             self.tensors.insert(
                 pt.name.clone(),
                 GpuTensor { name: pt.name.clone(), ty: pt.ty, cols: pt.cols, rows: pt.rows, row_bytes: pt.row_bytes, parts },
@@ -244,8 +253,23 @@ impl<'a> StreamLoader<'a> {
                 return Err(Error::new(ErrorCode::BadGguf, format!("tensor {} ended mid-row", info.name)));
             }
         }
+        // Every part exists now (one that received no row: a tensor of no rows).
+        while self.allocate_next_part(index)? {}
         self.tensors_loaded += 1;
         Ok(())
+    }
+
+    /// Create tensor `index`'s next part buffer, if it has one left; rows arrive in order, so
+    /// parts are made in order. Returns whether one was made.
+    fn allocate_next_part(&mut self, index: usize) -> Result<bool> {
+        let pt = self.plan.as_ref().and_then(|p| p.tensors.get(index)).ok_or_else(|| Error::internal("tensor not planned"))?;
+        let tensor = self.tensors.get_mut(&pt.name).ok_or_else(|| Error::internal("tensor not planned"))?;
+        let i = tensor.parts.len();
+        let Some(&(row_start, rows)) = pt.parts.get(i) else { return Ok(false) };
+        let label = if pt.parts.len() > 1 { format!("{}[{i}]", pt.name) } else { pt.name.clone() };
+        let buffer = self.ctx.empty_storage(&label, rows * pt.row_bytes)?;
+        tensor.parts.push(TensorPart { buffer, row_start, rows });
+        Ok(true)
     }
 
     /// Repack and write every whole row in `pending`.
@@ -255,10 +279,16 @@ impl<'a> StreamLoader<'a> {
         if whole == 0 {
             return Ok(());
         }
-        let tensor = self.tensors.get(&info.name).ok_or_else(|| Error::internal("tensor not planned"))?;
+        let index = cur.index;
         let mut row = cur.next_row;
         let mut done = 0usize;
         while done < whole {
+            let located = self.tensors.get(&info.name).and_then(|t| t.locate(row)).is_some();
+            if !located && !self.allocate_next_part(index)? {
+                return Err(Error::internal("row outside the tensor"));
+            }
+            let cur = self.current.as_mut().expect("flush with a current tensor");
+            let tensor = self.tensors.get(&info.name).ok_or_else(|| Error::internal("tensor not planned"))?;
             let (part, local) = tensor.locate(row).ok_or_else(|| Error::internal("row outside the tensor"))?;
             let n = ((part.rows - local) as usize).min(whole - done);
             self.repacked.clear();
@@ -268,6 +298,7 @@ impl<'a> StreamLoader<'a> {
             done += n;
             row += n as u64;
         }
+        let cur = self.current.as_mut().expect("flush with a current tensor");
         cur.pending.drain(..whole * src_row);
         cur.next_row = row;
         if self.since_submit >= SUBMIT_EVERY {
