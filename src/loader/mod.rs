@@ -309,10 +309,11 @@ impl<'a> StreamLoader<'a> {
     }
 }
 
-/// A load dropped before [`StreamLoader::finish`] (aborted, failed, or cut off) frees its GPU
-/// buffers at once. Natively the rows written so far wait in wgpu's queue until the next
+/// A load dropped before [`StreamLoader::finish`] (aborted, failed, or cut off) lets its GPU
+/// buffers go at once. Natively the rows written so far wait in wgpu's queue until the next
 /// submission, and those pending writes hold the tensors' buffers: without a submission here an
 /// aborted load kept its buffers (up to the whole model's size) until the device next ran work.
+/// (In the browser the engine destroys the device of a failed load, which frees them all.)
 impl Drop for StreamLoader<'_> {
     fn drop(&mut self) {
         if !self.tensors.is_empty() {
