@@ -332,6 +332,8 @@ impl Session {
     }
 
     /// The logits after the last token (reads back the whole vocabulary: tests and `score`).
+    /// After a sampler with penalties has run on them they are the penalized logits: penalties
+    /// are applied to the logits buffer in place.
     pub async fn logits(&self) -> Result<Vec<f32>> {
         if !self.have_logits {
             return Err(Error::invalid("no logits yet: feed tokens first"));
