@@ -32,3 +32,33 @@ gpu_env() {
   export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/cera-xdg-$(id -u)}"
   mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 }
+
+# count_cargo LOG [SKIPDOC]: "passed failed ignored" summed over every `test result:` line of a
+# cargo/wasm-bindgen-test log; with SKIPDOC=1 it stops at the doc tests.
+count_cargo() {
+  awk '/Doc-tests/ && skipdoc { exit }
+       /^test result:/ {
+         for (i = 1; i <= NF; i++) {
+           if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i
+         }
+       } END { printf "%d %d %d\n", p, f, g }' skipdoc="${2:-0}" "$1"
+}
+
+# count_tap LOG: "passed failed skipped" from node's TAP summary ("# pass N", "# fail N",
+# "# cancelled N", "# skipped N", "# todo N"); cancelled counts as failed, todo as skipped.
+count_tap() {
+  awk '/^# pass / { p = $3 } /^# (fail|cancelled) / { f += $3 } /^# (skipped|todo) / { g += $3 }
+       END { printf "%d %d %d\n", p, f, g }' "$1"
+}
+
+# phase_figures NAME RC P F G: a phase's "passed failed ignored" as the summary counts them; exits
+# 1 when the phase failed. A non-zero exit with no failed test (a build error, a crash) counts as
+# one failure, and so does a phase that ran no test at all (a filter that matched nothing, a
+# runner that found no test files). Ignored or skipped tests fail the whole run (scripts/test).
+phase_figures() {
+  local name="$1" rc="$2" p="$3" f="$4" g="$5" ok=0
+  if [ "$rc" -ne 0 ]; then ok=1; [ "$f" -eq 0 ] && f=1; fi
+  if [ $((p + f + g)) -eq 0 ]; then echo "[test] $name ran no tests" >&2; f=1; ok=1; fi
+  echo "$p $f $g"
+  return $ok
+}

@@ -89,17 +89,40 @@ async fn check_one(ctx: &GpuContext, rope: RopeConfig, n_kv_heads: u32, n_past: 
     cache.shift(ctx, n_keep, n_discard)?;
     let n = cache.n_past() as usize;
     let got = read_f32(ctx, cache.k(0), 0, n * kv_dim).await?;
-    let mut worst = 0f32;
+    let mut want = Vec::with_capacity(n * kv_dim);
     for t in 0..n {
         let src = if t < n_keep as usize { t } else { t + n_discard as usize };
-        let mut want = raw[src * kv_dim..(src + 1) * kv_dim].to_vec();
-        rope.apply_heads(&mut want, t as f64);
-        for (a, b) in got[t * kv_dim..(t + 1) * kv_dim].iter().zip(&want) {
-            worst = worst.max((a - b).abs());
-        }
+        let mut row = raw[src * kv_dim..(src + 1) * kv_dim].to_vec();
+        rope.apply_heads(&mut row, t as f64);
+        want.extend_from_slice(&row);
     }
-    Ok(worst)
+    Ok(max_abs_error(&got, &want))
 }
+
+/// The largest `|got - want|`, NaN if any element of either is NaN (or the lengths differ), so a
+/// kernel that writes NaN fails the check: `f32::max` would skip the NaN and report 0.
+fn max_abs_error(got: &[f32], want: &[f32]) -> f32 {
+    if got.len() != want.len() {
+        return f32::NAN;
+    }
+    let mut worst = 0f32;
+    for (a, b) in got.iter().zip(want) {
+        let d = (a - b).abs();
+        if d.is_nan() {
+            return f32::NAN;
+        }
+        worst = worst.max(d);
+    }
+    worst
+}
+
+/// A case passes when its error is a number within the tolerance (NaN compares false).
+fn passes(max_abs_error: f32) -> bool {
+    max_abs_error <= TOLERANCE
+}
+
+/// f32 rounding of a rotation (two products and a sum) on values of size ~1.
+const TOLERANCE: f32 = 2e-6;
 
 /// Run the check on `ctx`: NeoX and NORM, with and without frequency factors.
 pub async fn run(ctx: &GpuContext) -> Result<SelfCheckReport> {
@@ -114,7 +137,7 @@ pub async fn run(ctx: &GpuContext) -> Result<SelfCheckReport> {
             rope.freq_factors = Some((0..hd / 2).map(|j| 1.0 + (j % 5) as f32 * 0.5).collect());
         }
         let err = check_one(ctx, rope, 2, 300, 4, 100).await?;
-        cases.push(CaseReport { name: name.into(), max_abs_error: err, passed: err <= 2e-6 });
+        cases.push(CaseReport { name: name.into(), max_abs_error: err, passed: passes(err) });
     }
     Ok(SelfCheckReport {
         adapter: ctx.adapter.name.clone(),
@@ -123,4 +146,27 @@ pub async fn run(ctx: &GpuContext) -> Result<SelfCheckReport> {
         passed: cases.iter().all(|c| c.passed),
         cases,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{max_abs_error, passes};
+
+    #[test]
+    fn nan_anywhere_fails_the_check() {
+        let want = [1.0f32, -2.0, 0.5];
+        assert_eq!(max_abs_error(&[1.0, -2.0, 0.5], &want), 0.0);
+        assert!(passes(max_abs_error(&[1.0, -2.0, 0.5 + 1e-7], &want)));
+        assert!(!passes(max_abs_error(&[1.0, -2.0, 0.6], &want)));
+        // A NaN first, in the middle, last, or in the reference: never a pass.
+        for i in 0..3 {
+            let mut got = want;
+            got[i] = f32::NAN;
+            assert!(max_abs_error(&got, &want).is_nan(), "NaN at {i} was skipped");
+            assert!(!passes(max_abs_error(&got, &want)));
+            assert!(!passes(max_abs_error(&want, &got)));
+        }
+        assert!(!passes(max_abs_error(&[f32::INFINITY], &[f32::INFINITY])), "inf - inf is NaN");
+        assert!(!passes(max_abs_error(&want[..2], &want)), "a short readback");
+    }
 }

@@ -1,14 +1,23 @@
-//! The real Gemma 3 270M Q4_K_M against llama.cpp (fixtures in `tests/fixtures/oracle/`):
-//! teacher-forced argmax at every position whose reference margin exceeds 0.5 (more than 200
-//! positions, including the tail of a 722-token prompt beyond the 512 sliding window), greedy
-//! continuations up to the first near-tie, and the context shift. Natively and in headless
-//! Chrome. These are the slow tests (CPU-emulated GPUs): they are bounded and print timings.
+//! The real Gemma 3 270M Q4_K_M against llama.cpp (fixtures in `tests/fixtures/oracle/`), natively
+//! and in headless Chrome:
+//! - teacher-forced prompts (`short`, `code`, `medium` natively, and the tail of a 722-token prompt
+//!   beyond the 512-token sliding window): the argmax at every position whose reference margin
+//!   exceeds 0.5 (more than 280 such positions), the top-1 logit and its log-probability within
+//!   llama.cpp's own batched-vs-sequential noise, and top-10 overlap everywhere;
+//! - llama.cpp's greedy continuations, teacher-forced: the argmax at every step whose margin
+//!   exceeds 0.5 (109 of 128 steps), and the top-1 logits;
+//! - the automatic context shift (n_ctx 40, n_keep 4, n_discard 16) against llama.cpp's shifted run,
+//!   teacher-forced step by step through the decode path: logits and argmax at every clear step;
+//!   then free-running generation in the same configuration gives llama.cpp's ids.
+//!
+//! These are the slow tests (CPU-emulated GPUs run this model at about 1 GFLOP/s, roughly a second
+//! per token, prefill or decode): they are bounded and print timings.
 
 mod common;
 
 use cera_web::generate::sampler::{Sampler, SamplerParams};
-use cera_web::generate::score::score;
-use cera_web::generate::session::{now_s, Session, SessionOptions};
+use cera_web::generate::score::{score_rows, ScoredRow};
+use cera_web::generate::session::{now_s, GenerateOptions, Session, SessionOptions};
 use cera_web::loader::LoadedModel;
 use cera_web::model::Model;
 use cera_web::tokenizer::Tokenizer;
@@ -21,6 +30,21 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 const TEACHER: &str = include_str!("fixtures/oracle/gemma3-270m.teacher.json");
 const GREEDY: &str = include_str!("fixtures/oracle/gemma3-270m.greedy.json");
 const SHIFT: &str = include_str!("fixtures/oracle/gemma3-270m.shift.json");
+
+/// A "clear" position: llama.cpp's top-2 margin exceeds this. Every argmax flip between
+/// llama.cpp's own batched and token-by-token runs of these prompts is at a margin below 0.43.
+const CLEAR: f64 = 0.5;
+
+/// Allowed |ours - llama.cpp| of the top-1 logit and of its log-probability, `(mean, max)` over a
+/// prompt's positions. The scale is llama.cpp's own batched-vs-sequential noise on these prompts
+/// (mean 0.18-0.31, max 1.9-3.1 over all logits; logits are about 20): llama.cpp quantizes the
+/// activations to Q8_K for its dot products, we multiply in f32.
+const TOP1_TOL: (f64, f64) = (0.35, 3.1);
+
+/// The same for the log-probability of llama.cpp's top token (logit minus the row's log-sum-exp):
+/// a shift common to a whole row cancels, so these agree closer (measured: mean 0.03-0.07, max
+/// 0.36).
+const LOGPROB_TOL: (f64, f64) = (0.15, 1.0);
 
 async fn load(ctx: &cera_web::gpu::GpuContext) -> LoadedModel {
     #[cfg(not(target_arch = "wasm32"))]
@@ -42,87 +66,188 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// One reference row: llama.cpp's best ids and logits (best first), its top-2 margin, and the
+/// log-sum-exp of its whole row when the fixture has it.
+struct RefRow {
+    ids: Vec<u32>,
+    logits: Vec<f64>,
+    margin: f64,
+    lse: Option<f64>,
+}
+
+/// How a run of positions compares with llama.cpp.
+#[derive(Default, Debug)]
+struct Agreement {
+    positions: usize,
+    clear: usize,
+    top1_sum: f64,
+    top1_max: f64,
+    logprob_sum: f64,
+    logprob_max: f64,
+    logprobs: usize,
+}
+
+impl Agreement {
+    /// Compare one position: the argmax where the reference is clear, the top-k sets everywhere,
+    /// and the top-1 logit and log-probability differences (asserted over all positions later).
+    fn add(&mut self, what: &str, ours: &[(u32, f32)], our_lse: Option<f64>, r: &RefRow) {
+        assert!(ours.iter().all(|(_, v)| v.is_finite()), "{what}: non-finite logits {ours:?}");
+        if r.margin > CLEAR {
+            assert_eq!(ours[0].0, r.ids[0], "{what}: argmax {} vs llama.cpp {} (margin {})", ours[0].0, r.ids[0], r.margin);
+            self.clear += 1;
+        }
+        let d = (ours[0].1 as f64 - r.logits[0]).abs();
+        self.top1_sum += d;
+        self.top1_max = self.top1_max.max(d);
+        // Each top-1 is among the other's top k everywhere; with the top 10, at least 6 are
+        // shared (near-ties reorder, they do not replace). Not with the top 5: where the row is
+        // flat (best logit about -5, the next 30 within 0.7) half of them legitimately differ.
+        let k = r.ids.len().min(ours.len());
+        assert!(
+            r.ids[..k].contains(&ours[0].0) && ours[..k].iter().any(|(id, _)| *id == r.ids[0]),
+            "{what}: top-1 not in the other's top {k}: ours {ours:?} vs {:?}",
+            r.ids
+        );
+        if k >= 10 {
+            let overlap = ours[..k].iter().filter(|(id, _)| r.ids[..k].contains(id)).count();
+            assert!(overlap >= 6, "{what}: top-{k} overlap {overlap}: ours {ours:?} vs {:?}", r.ids);
+        }
+        // The log-probability of llama.cpp's top token under both.
+        if let (Some(lse), Some(ref_lse)) = (our_lse, r.lse) {
+            let ours_logit = ours.iter().find(|(id, _)| *id == r.ids[0]).map(|&(_, v)| v as f64);
+            let ours_logit = ours_logit.unwrap_or_else(|| panic!("{what}: llama.cpp's top token {} is not in our top {}", r.ids[0], ours.len()));
+            let d = ((ours_logit - lse) - (r.logits[0] - ref_lse)).abs();
+            self.logprob_sum += d;
+            self.logprob_max = self.logprob_max.max(d);
+            self.logprobs += 1;
+        }
+        self.positions += 1;
+    }
+
+    fn top1_mean(&self) -> f64 {
+        self.top1_sum / self.positions.max(1) as f64
+    }
+    fn logprob_mean(&self) -> f64 {
+        self.logprob_sum / self.logprobs.max(1) as f64
+    }
+
+    /// Assert the mean and max differences against [`TOP1_TOL`] and [`LOGPROB_TOL`].
+    fn assert_within(&self, what: &str) {
+        let ((mean, max), (lp_mean, lp_max)) = (TOP1_TOL, LOGPROB_TOL);
+        assert!(self.positions > 0, "{what}: nothing compared");
+        assert!(self.top1_mean() <= mean, "{what}: mean |top-1 logit diff| {:.3} > {mean}", self.top1_mean());
+        assert!(self.top1_max <= max, "{what}: max |top-1 logit diff| {:.3} > {max}", self.top1_max);
+        if self.logprobs > 0 {
+            assert!(self.logprob_mean() <= lp_mean, "{what}: mean |log-prob diff| {:.3} > {lp_mean}", self.logprob_mean());
+            assert!(self.logprob_max <= lp_max, "{what}: max |log-prob diff| {:.3} > {lp_max}", self.logprob_max);
+        }
+    }
+
+    fn summary(&self) -> String {
+        let mut s = format!(
+            "argmax equal at all {} clear of {} positions, |top-1 logit diff| mean {:.3} max {:.3}",
+            self.clear,
+            self.positions,
+            self.top1_mean(),
+            self.top1_max
+        );
+        if self.logprobs > 0 {
+            s += &format!(", |log-prob diff| mean {:.3} max {:.3} ({} positions)", self.logprob_mean(), self.logprob_max, self.logprobs);
+        }
+        s
+    }
+}
+
+/// Row `pos` of a teacher-forced fixture prompt.
+fn teacher_row(p: &Value, pos: usize) -> RefRow {
+    RefRow {
+        ids: ids(&p["top_ids"][pos]),
+        logits: floats(&p["top_logits"][pos]),
+        margin: p["margin"][pos].as_f64().unwrap(),
+        lse: p["lse"][pos].as_f64(),
+    }
+}
+
+/// Positions scored per forward pass (whole logit rows are read back: 32 MiB per pass).
+const SCORE_BATCH: u32 = 32;
+
 async fn teacher_forced() {
     let ctx = common::context().await;
     let model = Model::new(&ctx, load(&ctx).await).await.unwrap();
     let fx: Value = serde_json::from_str(TEACHER).unwrap();
-    let (mut checked, mut total, mut positions) = (0usize, 0usize, 0usize);
-    // The CPU-emulated GPUs run this model at about 1 GFLOP/s, roughly a second per scored
-    // position: natively the short, medium and long prompts (the long one scored past the
-    // 512-token sliding window only), in Chrome the short and long ones. The code prompt's
-    // references are in the fixture for faster machines (`cera score`).
-    let names: &[&str] = if cfg!(target_arch = "wasm32") { &["short", "long"] } else { &["short", "medium", "long"] };
+    // About a second per token on the CPU-emulated GPUs: natively every prompt, in Chrome (slower)
+    // all but the medium one. The long prompt is scored past the 512-token sliding window only.
+    let names: &[&str] = if cfg!(target_arch = "wasm32") { &["short", "code", "long"] } else { &["short", "code", "medium", "long"] };
+    let mut clear = 0;
     for name in names {
         let p = &fx["prompts"][*name];
         let tokens = ids(&p["tokens"]);
         let from = if tokens.len() > 600 { 512 } else { 0 };
         let t0 = now_s();
-        let ours = score(&ctx, &model, &tokens, from, 10, 32).await.unwrap();
-        let (mut ok, mut n, mut sum_diff) = (0, 0, 0f64);
-        for (i, top) in ours.iter().enumerate() {
+        let ours: Vec<ScoredRow> = score_rows(&ctx, &model, &tokens, from, 10, SCORE_BATCH).await.unwrap();
+        assert_eq!(ours.len(), tokens.len() - from);
+        let mut agree = Agreement::default();
+        for (i, row) in ours.iter().enumerate() {
             let pos = from + i;
-            let margin = p["margin"][pos].as_f64().unwrap();
-            let ref_ids = ids(&p["top_ids"][pos]);
-            let ref_top = p["top_logits"][pos][0].as_f64().unwrap();
-            sum_diff += (top[0].1 as f64 - ref_top).abs();
-            if margin > 0.5 {
-                n += 1;
-                assert_eq!(top[0].0, ref_ids[0], "{name} pos {pos}: argmax {} vs llama.cpp {} (margin {margin})", top[0].0, ref_ids[0]);
-                ok += 1;
-            }
-            // Top-10 overlap stays high everywhere.
-            let overlap = top.iter().filter(|(id, _)| ref_ids.contains(id)).count();
-            assert!(overlap >= 6, "{name} pos {pos}: top-10 overlap {overlap}");
+            agree.add(&format!("{name} pos {pos}"), &row.top, Some(row.lse), &teacher_row(p, pos));
         }
-        checked += ok;
-        total += n;
-        positions += ours.len();
-        tlog!(
-            "{name}: {} tokens, {} positions scored from {from}, argmax equal at {ok}/{n} clear positions, mean |top1 diff| {:.3}, {:.1} s",
-            tokens.len(),
-            ours.len(),
-            sum_diff / ours.len() as f64,
-            now_s() - t0
-        );
+        let want_clear = floats(&p["margin"])[from..].iter().filter(|&&m| m > CLEAR).count();
+        assert_eq!(agree.clear, want_clear);
+        assert_eq!(agree.logprobs, agree.positions, "{name}: the fixture has every row's lse");
+        tlog!("{name}: {} tokens, scored from {from}: {}, {:.1} s", tokens.len(), agree.summary(), now_s() - t0);
+        agree.assert_within(name);
+        clear += agree.clear;
     }
-    assert!(positions >= 200, "only {positions} positions scored");
-    tlog!("{positions} positions scored; argmax equal at all {total} whose reference margin exceeds 0.5");
-    assert_eq!(checked, total);
+    tlog!("teacher-forced: argmax equal at all {clear} positions whose reference margin exceeds {CLEAR}");
+    assert!(clear >= 280, "only {clear} clear positions compared");
 }
-gpu_test!(gemma3_teacher_forced_argmax_matches_llama_cpp, teacher_forced());
+gpu_test!(gemma3_teacher_forced_logits_match_llama_cpp, teacher_forced());
 
-async fn greedy() {
+/// llama.cpp's greedy continuations, teacher-forced: prompt + its 32 greedy ids (but the last)
+/// are scored in one pass, and the row before each id must pick that id wherever llama.cpp's
+/// margin exceeds 0.5, with top-1 logits within its noise. Unlike free-running decoding this
+/// checks every clear step, also those after a near-tie.
+async fn greedy_teacher_forced() {
     let ctx = common::context().await;
-    let weights = load(&ctx).await;
-    let tok = Tokenizer::from_gguf(&weights.header).unwrap();
-    let model = Model::new(&ctx, weights).await.unwrap();
-    let (ctx, model, tok) = (Arc::new(ctx), Arc::new(model), Arc::new(tok));
+    let model = Model::new(&ctx, load(&ctx).await).await.unwrap();
     let fx: Value = serde_json::from_str(GREEDY).unwrap();
-    let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), SessionOptions { n_ctx: 256, ..Default::default() }).unwrap();
+    let mut all = Agreement::default();
+    let mut want_clear = 0;
     for (name, p) in fx["prompts"].as_object().unwrap() {
+        let t0 = now_s();
         let prompt = ids(&p["prompt_tokens"]);
         let want = ids(&p["ids"]);
-        // Up to and including the first near-tie step (its token may legitimately differ).
-        let upto = p["first_near_tie_step"].as_u64().unwrap() as usize;
-        let t0 = now_s();
-        session.reset();
-        let mut sampler = Sampler::new(SamplerParams::greedy());
-        let mut got = Vec::new();
-        let mut next = session.step(&prompt, &mut sampler).await.unwrap();
-        got.push(next);
-        while got.len() < upto {
-            next = session.step(&[next], &mut sampler).await.unwrap();
-            got.push(next);
+        let margins = floats(&p["margin"]);
+        let mut tokens = prompt.clone();
+        tokens.extend_from_slice(&want[..want.len() - 1]);
+        let ours = score_rows(&ctx, &model, &tokens, prompt.len() - 1, 5, SCORE_BATCH).await.unwrap();
+        assert_eq!(ours.len(), want.len());
+        let mut agree = Agreement::default();
+        for (k, row) in ours.iter().enumerate() {
+            let r = RefRow { ids: ids(&p["top5_ids"][k]), logits: floats(&p["top5_logits"][k]), margin: margins[k], lse: None };
+            assert_eq!(r.ids[0], want[k], "fixture: step {k}'s top id is its greedy id");
+            agree.add(&format!("{name} step {k}"), &row.top, None, &r);
         }
-        tlog!("{name}: {} greedy tokens before the first near-tie, {:.1} s: {:?}", got.len(), now_s() - t0, tok.decode(&got));
-        assert_eq!(got[..upto], want[..upto], "{name}: greedy continuation differs from llama.cpp before the first near-tie");
+        want_clear += margins.iter().filter(|&&m| m > CLEAR).count();
+        tlog!("{name}: {} steps: {}, {:.1} s", want.len(), agree.summary(), now_s() - t0);
+        agree.assert_within(name);
+        all.clear += agree.clear;
     }
+    assert_eq!(all.clear, want_clear);
+    assert!(all.clear >= 100, "only {} clear steps", all.clear);
 }
-gpu_test!(gemma3_greedy_matches_llama_cpp_up_to_first_near_tie, greedy());
+gpu_test!(gemma3_greedy_ids_teacher_forced_match_llama_cpp, greedy_teacher_forced());
 
-/// Shift as llama.cpp does (n_keep 4, n_discard 16 after 40 tokens), then decode: the tokens
-/// and top-5 sets equal llama.cpp's shifted run up to its first near-tie; and the logits stay
-/// close to a fresh evaluation of the retained tokens at their new positions.
+/// The automatic context shift against llama.cpp's shifted run. A session with n_ctx 40, n_keep 4
+/// and n_discard 16 holds the fixture's 40 tokens; feeding llama.cpp's first greedy id fills it,
+/// so the session shifts (re-rotating the 20 kept K cells) and decodes at position 24, as
+/// llama.cpp did after `seq_rm` + `seq_add`. Every step is teacher-forced with llama.cpp's ids
+/// through the decode path; its logits match llama.cpp's shifted run (not a fresh evaluation,
+/// which differs by up to 1.25: the kept cells were computed while the dropped ones were visible).
 async fn shift() {
     let ctx = common::context().await;
     let weights = load(&ctx).await;
@@ -132,56 +257,66 @@ async fn shift() {
     let fx: Value = serde_json::from_str(SHIFT).unwrap();
     let tokens = ids(&fx["tokens"]);
     let (n_keep, n_discard) = (fx["n_keep"].as_u64().unwrap() as u32, fx["n_discard"].as_u64().unwrap() as u32);
-    let want = ids(&fx["llama_shift"]["ids"]);
-    let margins: Vec<f64> = fx["llama_shift"]["margin"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
-    let fresh_argmax = ids(&fx["fresh_continuation"]["argmax"]);
-    let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), SessionOptions { n_ctx: 64, ..Default::default() }).unwrap();
+    let ls = &fx["llama_shift"];
+    let want = ids(&ls["ids"]);
+    let margins = floats(&ls["margin"]);
+    let opts = SessionOptions { n_ctx: tokens.len() as u32, n_keep, n_discard: Some(n_discard), ..Default::default() };
+    let t0 = now_s();
+    let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts.clone()).unwrap();
     let mut sampler = Sampler::new(SamplerParams::greedy());
+    let mut agree = Agreement::default();
+    let top_k = |logits: &[f32]| cera_web::generate::score::top_k(logits, 5);
+    let lse = |logits: &[f32]| cera_web::generate::score::log_sum_exp(logits);
+    // Step 0: the prefill's last row (before any shift), with llama.cpp's lse.
     let first = session.step(&tokens, &mut sampler).await.unwrap();
+    let logits = session.logits().await.unwrap();
+    let pl = &fx["prefill_last"];
+    let r = RefRow { ids: ids(&pl["top_ids"]), logits: floats(&pl["top_logits"]), margin: pl["margin"].as_f64().unwrap(), lse: pl["lse"].as_f64() };
+    agree.add("prefill", &top_k(&logits), Some(lse(&logits)), &r);
     assert_eq!(first, want[0]);
-    session.shift(n_keep, n_discard).unwrap();
-    assert_eq!(session.n_past(), tokens.len() as u32 - n_discard);
-    assert_eq!(session.shifts, 1);
-    let mut got = vec![first];
-    let upto = margins.iter().skip(1).position(|&m| m < 0.5).map_or(want.len(), |i| i + 1);
-    while got.len() <= upto.min(want.len() - 1) {
-        let next = session.step(&[*got.last().unwrap()], &mut sampler).await.unwrap();
-        got.push(next);
+    assert_eq!((session.n_past(), session.shifts), (tokens.len() as u32, 0));
+    for k in 1..want.len() {
+        let next = session.step(&[want[k - 1]], &mut sampler).await.unwrap();
+        assert_eq!(session.shifts, 1, "one shift when the context filled, at step 1");
+        assert_eq!(session.n_past(), tokens.len() as u32 - n_discard + k as u32);
+        let logits = session.logits().await.unwrap();
+        let r = RefRow { ids: ids(&ls["top5_ids"][k]), logits: floats(&ls["top5_logits"][k]), margin: margins[k], lse: None };
+        let top = top_k(&logits);
+        assert_eq!(top[0].0, next, "the greedy sampler picks the argmax");
+        agree.add(&format!("after the shift, step {k}"), &top, None, &r);
     }
-    tlog!("after the shift: {:?} vs llama.cpp {:?} (compared up to step {upto})", got, &want[..got.len()]);
-    assert_eq!(got[..upto], want[..upto], "decoding after the shift differs from llama.cpp's shifted run");
-    // The fresh run agrees on the clear steps too (the shift keeps what a fresh run computes).
-    let agree = got.iter().zip(&fresh_argmax).take(upto).filter(|(a, b)| a == b).count();
-    assert!(agree + 1 >= upto, "only {agree}/{upto} steps agree with a fresh evaluation");
-}
-gpu_test!(gemma3_context_shift_matches_llama_cpp, shift());
+    // The session holds the kept tokens then the continuation, at positions 0..
+    let mut held = tokens[..n_keep as usize].to_vec();
+    held.extend_from_slice(&tokens[(n_keep + n_discard) as usize..]);
+    held.extend_from_slice(&want[..want.len() - 1]);
+    assert_eq!(session.tokens(), &held[..]);
+    let want_clear = margins.iter().filter(|&&m| m > CLEAR).count();
+    tlog!("context shift, teacher-forced: {}, {:.1} s", agree.summary(), now_s() - t0);
+    assert_eq!(agree.clear, want_clear);
+    agree.assert_within("shift");
 
-/// Generation past the context keeps going: every shift is counted, text stays sensible.
-async fn generation_past_context() {
-    let ctx = common::context().await;
-    let weights = load(&ctx).await;
-    let tok = Tokenizer::from_gguf(&weights.header).unwrap();
-    let model = Model::new(&ctx, weights).await.unwrap();
-    let (ctx, model, tok) = (Arc::new(ctx), Arc::new(model), Arc::new(tok));
-    let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), SessionOptions { n_ctx: 24, n_keep: 4, n_discard: Some(8), ..Default::default() }).unwrap();
-    let prompt = tok.encode("Once upon a time, in a small village by the sea,", true, false);
-    let opts = cera_web::generate::session::GenerateOptions { max_tokens: 24, stop: vec![], sampler: SamplerParams::greedy() };
-    let mut text = String::new();
+    // Free-running: `generate` in the same configuration shifts by itself and gives llama.cpp's
+    // ids up to its first near-tie (step 5; chained greedy decoding after the shift). A prompt
+    // must leave room after n_keep, so the session holds all but the last token before the call.
+    let upto = margins.iter().position(|&m| m <= CLEAR).unwrap_or(want.len());
+    let t0 = now_s();
+    session.reset();
+    session.feed(&tokens[..tokens.len() - 1]).unwrap();
+    let gen = GenerateOptions { max_tokens: upto as u32, stop: vec![], sampler: SamplerParams::greedy() };
+    let mut got = Vec::new();
     let stats = session
-        .generate(&prompt, &opts, &mut |_, piece| {
-            text.push_str(piece);
+        .generate(&tokens[tokens.len() - 1..], &gen, &mut |id, _| {
+            got.push(id);
             true
         })
         .await
         .unwrap();
-    tlog!("past the context: {stats:?}: {text:?}");
-    assert_eq!(stats.generated_tokens, 24);
-    assert_eq!(stats.finish_reason, "length");
-    // 13 prompt tokens + 24 generated in 24 cells, 8 dropped per shift.
-    assert!(stats.context_shifts >= 2, "{} shifts", stats.context_shifts);
-    assert!(text.split_whitespace().count() >= 8, "not sensible text: {text:?}");
+    tlog!("context shift, generate: {got:?} vs llama.cpp {:?}, {stats:?}, {:.1} s", &want[..upto], now_s() - t0);
+    assert_eq!(got, want[..upto], "generation through the automatic shift differs from llama.cpp's shifted run");
+    assert_eq!(stats.context_shifts, 1);
+    assert_eq!(session.n_past(), tokens.len() as u32 - n_discard + upto as u32 - 1);
 }
-gpu_test!(gemma3_generation_past_the_context_shifts_and_continues, generation_past_context());
+gpu_test!(gemma3_automatic_context_shift_matches_llama_cpp, shift());
 
 /// Greedy steps chained on the GPU (each argmax feeding the next step's embedding, ids read back
 /// in batches) give the ids of step-by-step decoding; a stop in the middle of a chain rewinds

@@ -12,10 +12,37 @@ use crate::model::{LogitRows, Model};
 /// (one row of logits per batch); from `from` on every row's logits are read back whole (a test
 /// and analysis path, not generation).
 pub async fn score(ctx: &GpuContext, model: &Model, tokens: &[u32], from: usize, k: usize, batch: u32) -> Result<Vec<Vec<(u32, f32)>>> {
+    Ok(score_rows(ctx, model, tokens, from, k, batch).await?.into_iter().map(|r| r.top).collect())
+}
+
+/// One scored position: the best logits and the row's log-sum-exp (a token's log-probability
+/// is its logit minus `lse`).
+#[derive(Clone, Debug)]
+pub struct ScoredRow {
+    /// The `k` best `(id, logit)`, best first.
+    pub top: Vec<(u32, f32)>,
+    /// `ln(sum(exp(logit)))` over the whole vocabulary, in f64.
+    pub lse: f64,
+}
+
+/// As [`score`], with each row's log-sum-exp.
+pub async fn score_rows(ctx: &GpuContext, model: &Model, tokens: &[u32], from: usize, k: usize, batch: u32) -> Result<Vec<ScoredRow>> {
     let n_vocab = model.hp.n_vocab as usize;
     let mut out = Vec::with_capacity(tokens.len().saturating_sub(from));
-    forward_rows(ctx, model, tokens, from, batch, &mut |logits| out.extend(logits.chunks_exact(n_vocab).map(|row| top_k(row, k)))).await?;
+    forward_rows(ctx, model, tokens, from, batch, &mut |logits| {
+        out.extend(logits.chunks_exact(n_vocab).map(|row| ScoredRow { top: top_k(row, k), lse: log_sum_exp(row) }))
+    })
+    .await?;
     Ok(out)
+}
+
+/// `ln(sum(exp(x)))` in f64, shifted by the maximum; NaN if any element is NaN.
+pub fn log_sum_exp(row: &[f32]) -> f64 {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m || v.is_nan() { v } else { m }) as f64;
+    if !max.is_finite() {
+        return max;
+    }
+    max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln()
 }
 
 /// Run `tokens` through a fresh cache in batches of `batch`; `on_rows` gets the full logits

@@ -244,8 +244,19 @@ impl Session {
         Ok(self.plans[i].kinds())
     }
 
+    /// Refuse token ids outside the vocabulary before anything runs: checked per chunk, a bad id
+    /// in a later chunk would leave the earlier chunks fed (and a full context shifted).
+    fn check_ids(&self, tokens: &[u32]) -> Result<()> {
+        let n_vocab = self.model.hp.n_vocab;
+        match tokens.iter().find(|&&t| t >= n_vocab) {
+            Some(bad) => Err(Error::invalid(format!("token id {bad} is outside the vocabulary of {n_vocab}"))),
+            None => Ok(()),
+        }
+    }
+
     /// Run `tokens` through the model (in batches), leaving the last one's logits ready.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        self.check_ids(tokens)?;
         for chunk in tokens.chunks(self.ws.max_batch as usize) {
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
             self.encode_chunk(&mut enc, chunk)?;
@@ -261,6 +272,7 @@ impl Session {
         if tokens.is_empty() {
             return self.sample(sampler).await;
         }
+        self.check_ids(tokens)?;
         let batch = self.ws.max_batch as usize;
         let split = (tokens.len() - 1) / batch * batch;
         self.feed(&tokens[..split])?;
@@ -349,6 +361,8 @@ impl Session {
     }
 
     /// The logits after the last token (reads back the whole vocabulary: tests and `score`).
+    /// After a sampler with penalties has run on them they are the penalized logits: penalties
+    /// are applied to the logits buffer in place.
     pub async fn logits(&self) -> Result<Vec<f32>> {
         if !self.have_logits {
             return Err(Error::invalid("no logits yet: feed tokens first"));
@@ -377,6 +391,7 @@ impl Session {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32, &str) -> bool,
     ) -> Result<GenerationStats> {
+        self.check_ids(prompt)?;
         let room = self.opts.n_ctx.saturating_sub(if self.opts.context_shift { self.opts.n_keep } else { self.kv.n_past() });
         if prompt.len() as u32 >= room {
             return Err(Error::new(

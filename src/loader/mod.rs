@@ -1,10 +1,16 @@
 //! Streaming load: GGUF bytes in any chunking -> GPU buffers, with the wasm heap bounded.
 //!
 //! The loader drives [`crate::gguf::GgufParser`]. On the header it plans every tensor for this
-//! device ([`plan`]: GPU layout bytes, parts under the binding limit) and creates the buffers.
-//! Tensor bytes then pass through one bounded staging area: whole rows are repacked
-//! (`crate::quant::gpu::repack_rows`) and written with `queue.write_buffer` at their place. The
-//! heap holds the header, at most `staging` bytes of rows and one partial row: never the model.
+//! device ([`plan`]: GPU layout bytes, parts under the binding limit) and checks each part
+//! against the device's buffer size limit. Tensor bytes then pass through one bounded staging
+//! area: whole rows are repacked (`crate::quant::gpu::repack_rows`) and written with
+//! `queue.write_buffer` at their place. The heap holds the header, at most `staging` bytes of rows
+//! and one partial row: never the model.
+//!
+//! A part's buffer is created when its first row arrives, not at the header: GPU memory follows
+//! the bytes received. A header is only a claim (a stream of unknown length can declare a
+//! 2^40-element tensor, 32,768 buffers of 128 MiB, then send a few bytes), so nothing is
+//! allocated for what has not come.
 
 mod plan;
 
@@ -226,17 +232,20 @@ impl<'a> StreamLoader<'a> {
 
     fn on_header(&mut self, h: Arc<GgufHeader>) -> Result<()> {
         let plan = plan_with(&h, self.max_binding, self.fuse)?;
+        let max = self.ctx.limits.max_buffer_size;
         for pt in &plan.tensors {
             if let Some(into) = &pt.fused_into {
                 self.fused.insert(pt.name.clone(), into.clone());
                 continue;
             }
-            let mut parts = Vec::with_capacity(pt.parts.len());
-            for (i, &(row_start, rows)) in pt.parts.iter().enumerate() {
-                let label = if pt.parts.len() > 1 { format!("{}[{i}]", pt.name) } else { pt.name.clone() };
-                let buffer = self.ctx.empty_storage(&label, rows * pt.row_bytes)?;
-                parts.push(TensorPart { buffer, row_start, rows });
+            // Refuse now what no buffer of this device can hold (the buffers come with the rows).
+            if let Some(&(_, rows)) = pt.parts.iter().find(|&&(_, rows)| rows * pt.row_bytes > max) {
+                return Err(Error::new(
+                    ErrorCode::AdapterTooSmall,
+                    format!("{} needs {} bytes, above this device's maxBufferSize {max}", pt.name, rows * pt.row_bytes),
+                ));
             }
+            let parts = Vec::with_capacity(pt.parts.len());
             self.tensors.insert(
                 pt.name.clone(),
                 GpuTensor { name: pt.name.clone(), ty: pt.ty, cols: pt.cols, rows: pt.rows, row_bytes: pt.row_bytes, parts },
@@ -282,26 +291,60 @@ impl<'a> StreamLoader<'a> {
                 return Err(Error::new(ErrorCode::BadGguf, format!("tensor {} ended mid-row", info.name)));
             }
         }
+        // A tensor of no rows received none: its (empty) part is made now.
+        if info.n_rows() == 0 {
+            let (target, _) = self.target(&info.name);
+            self.ensure_part(&target, 0)?;
+        }
         self.tensors_loaded += 1;
+        Ok(())
+    }
+
+    /// The GPU tensor that stores a tensor of the file, and the row its rows start at there.
+    fn target(&self, name: &str) -> (String, u64) {
+        match self.fused.get(name) {
+            Some((f, first)) => (f.clone(), *first),
+            None => (name.to_string(), 0),
+        }
+    }
+
+    /// Make the part buffer of GPU tensor `name` that holds `row`, if it does not exist yet. Rows
+    /// of one file tensor arrive in order, but a fused tensor's members may come in any order,
+    /// so parts are kept sorted by their first row.
+    fn ensure_part(&mut self, name: &str, row: u64) -> Result<()> {
+        let tensor = self.tensors.get_mut(name).ok_or_else(|| Error::internal("tensor not planned"))?;
+        if tensor.locate(row).is_some() || (row == 0 && tensor.rows == 0 && !tensor.parts.is_empty()) {
+            return Ok(());
+        }
+        let pt = self.plan.as_ref().and_then(|p| p.tensors.iter().find(|t| t.name == name)).ok_or_else(|| Error::internal("tensor not planned"))?;
+        let i = pt
+            .parts
+            .iter()
+            .position(|&(start, rows)| (row >= start && row < start + rows) || (rows == 0 && row == start))
+            .ok_or_else(|| Error::internal("row outside the tensor"))?;
+        let (row_start, rows) = pt.parts[i];
+        let label = if pt.parts.len() > 1 { format!("{}[{i}]", pt.name) } else { pt.name.clone() };
+        let buffer = self.ctx.empty_storage(&label, rows * pt.row_bytes)?;
+        let at = tensor.parts.partition_point(|p| p.row_start < row_start);
+        tensor.parts.insert(at, TensorPart { buffer, row_start, rows });
         Ok(())
     }
 
     /// Repack and write every whole row in `pending`.
     fn flush(&mut self, info: &TensorInfo, src_row: usize) -> Result<()> {
+        // A fused member's rows go to its place in the fused tensor.
+        let (target, base) = self.target(&info.name);
         let cur = self.current.as_mut().expect("flush with a current tensor");
         let whole = cur.pending.len() / src_row.max(1);
         if whole == 0 {
             return Ok(());
         }
-        // A fused member's rows go to its place in the fused tensor.
-        let (tensor, base) = match self.fused.get(&info.name) {
-            Some((f, first)) => (self.tensors.get(f), *first),
-            None => (self.tensors.get(&info.name), 0),
-        };
-        let tensor = tensor.ok_or_else(|| Error::internal("tensor not planned"))?;
         let mut row = cur.next_row;
         let mut done = 0usize;
         while done < whole {
+            self.ensure_part(&target, base + row)?;
+            let cur = self.current.as_mut().expect("flush with a current tensor");
+            let tensor = self.tensors.get(&target).ok_or_else(|| Error::internal("tensor not planned"))?;
             let (part, local) = tensor.locate(base + row).ok_or_else(|| Error::internal("row outside the tensor"))?;
             let n = ((part.rows - local) as usize).min(whole - done);
             self.repacked.clear();
@@ -311,6 +354,7 @@ impl<'a> StreamLoader<'a> {
             done += n;
             row += n as u64;
         }
+        let cur = self.current.as_mut().expect("flush with a current tensor");
         cur.pending.drain(..whole * src_row);
         cur.next_row = row;
         if self.since_submit >= SUBMIT_EVERY {
@@ -318,6 +362,20 @@ impl<'a> StreamLoader<'a> {
             self.since_submit = 0;
         }
         Ok(())
+    }
+}
+
+/// A load dropped before [`StreamLoader::finish`] (aborted, failed, or cut off) lets its GPU
+/// buffers go at once. Natively the rows written so far wait in wgpu's queue until the next
+/// submission, and those pending writes hold the tensors' buffers: without a submission here an
+/// aborted load kept its buffers (up to the whole model's size) until the device next ran work.
+/// (In the browser the engine destroys the device of a failed load, which frees them all.)
+impl Drop for StreamLoader<'_> {
+    fn drop(&mut self) {
+        if !self.tensors.is_empty() {
+            self.tensors.clear();
+            self.ctx.queue.submit([]);
+        }
     }
 }
 

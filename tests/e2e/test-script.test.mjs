@@ -1,0 +1,70 @@
+// scripts/test's own rules, without running a phase: an unknown CERA_TEST_ONLY is refused before
+// anything is set up, and the counters it sums (cargo's and node's TAP summaries) see ignored and
+// skipped tests and runs of zero tests, which the script then fails. Under a second.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { root } from '../../scripts/browser.mjs';
+
+const bash = (script, env = {}) =>
+  spawnSync('bash', ['-c', script], { cwd: root, encoding: 'utf8', env: { ...process.env, ...env }, timeout: 30_000 });
+
+/// Run the counter `fn` of scripts/lib.sh on `log`; returns its three numbers.
+function count(fn, log, ...args) {
+  const dir = mkdtempSync(`${tmpdir()}/cera-count-`);
+  try {
+    writeFileSync(`${dir}/log`, log);
+    const r = bash(`source scripts/lib.sh && ${fn} "${dir}/log" ${args.join(' ')}`);
+    assert.equal(r.status, 0, r.stderr);
+    return r.stdout.trim().split(' ').map(Number);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+test('an unknown CERA_TEST_ONLY fails at once and names the phases', () => {
+  const r = spawnSync('bash', ['scripts/test'], { cwd: root, encoding: 'utf8', env: { ...process.env, CERA_TEST_ONLY: 'nativ' }, timeout: 30_000 });
+  assert.equal(r.status, 2, r.stderr);
+  assert.match(r.stderr, /unknown CERA_TEST_ONLY=nativ \(one of: native, chrome, package, e2e\)/);
+  assert.doesNotMatch(r.stdout + r.stderr, /\[setup\]|SUMMARY/, 'nothing was set up or run');
+});
+
+test('cargo logs: passed, failed and ignored summed over every test binary, doc tests optional', () => {
+  const log = [
+    'running 3 tests',
+    'test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s',
+    'test result: FAILED. 5 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; finished in 1.2s',
+    '   Doc-tests cera_web',
+    'test result: ok. 4 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.3s',
+  ].join('\n');
+  assert.deepEqual(count('count_cargo', log), [12, 2, 1]);
+  assert.deepEqual(count('count_cargo', log, 1), [8, 2, 1], 'SKIPDOC=1 stops at the doc tests');
+  // A filter that matches nothing: cargo says ok with 0 tests, which the script fails.
+  assert.deepEqual(count('count_cargo', 'test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 9 filtered out\n'), [0, 0, 0]);
+  assert.deepEqual(count('count_cargo', 'error[E0425]: cannot find value `x`\n'), [0, 0, 0]);
+});
+
+test('node TAP logs: skipped and todo tests are counted (the script fails on them), cancelled as failed', () => {
+  const tap = ['TAP version 13', 'ok 1 - a', 'ok 2 - b # SKIP needs the model', '1..2', '# tests 4', '# suites 0',
+    '# pass 2', '# fail 0', '# cancelled 1', '# skipped 1', '# todo 1', '# duration_ms 10'].join('\n');
+  assert.deepEqual(count('count_tap', tap), [2, 1, 2]);
+  assert.deepEqual(count('count_tap', '# tests 0\n# pass 0\n# fail 0\n# cancelled 0\n# skipped 0\n# todo 0\n'), [0, 0, 0]);
+  assert.deepEqual(count('count_tap', 'node: bad option\n'), [0, 0, 0]);
+});
+
+test('a phase fails when its command failed or it ran no tests; its figures count that as a failure', () => {
+  const figures = (rc, p, f, g) => {
+    const r = bash(`source scripts/lib.sh && phase_figures demo ${rc} ${p} ${f} ${g}`);
+    return { ok: r.status === 0, figures: r.stdout.trim(), said: r.stderr.trim() };
+  };
+  assert.deepEqual(figures(0, 7, 0, 0), { ok: true, figures: '7 0 0', said: '' });
+  assert.deepEqual(figures(1, 7, 2, 0), { ok: false, figures: '7 2 0', said: '' });
+  assert.deepEqual(figures(101, 7, 0, 0), { ok: false, figures: '7 1 0', said: '' }, 'a build error or crash is a failure');
+  assert.deepEqual(figures(0, 0, 0, 0), { ok: false, figures: '0 1 0', said: '[test] demo ran no tests' });
+  assert.deepEqual(figures(0, 0, 0, 3), { ok: true, figures: '0 0 3', said: '' }, 'ignored tests fail the run at the end');
+  const s = readFileSync(`${root}/scripts/test`, 'utf8');
+  assert.match(s, /if \[ "\$\{TOTAL_G:-0\}" -ne 0 \]; then [^\n]*status=1; fi/, 'any ignored or skipped test fails the run');
+  assert.equal((s.match(/phase_figures /g) || []).length, 2, 'the cargo phases and e2e both go through phase_figures');
+});
