@@ -165,7 +165,7 @@ async fn generation_past_context() {
     let (ctx, model, tok) = (Arc::new(ctx), Arc::new(model), Arc::new(tok));
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), SessionOptions { n_ctx: 24, n_keep: 4, n_discard: Some(8), ..Default::default() }).unwrap();
     let prompt = tok.encode("Once upon a time, in a small village by the sea,", true, false);
-    let opts = cera_web::generate::session::GenerateOptions { max_tokens: 24, stop: vec![], sampler: SamplerParams::greedy() };
+    let opts = cera_web::generate::session::GenerateOptions { max_tokens: 24, stop: vec![], sampler: SamplerParams::greedy(), constraint: None };
     let mut text = String::new();
     let stats = session
         .generate(&prompt, &opts, &mut |_, piece| {
@@ -194,7 +194,7 @@ async fn chained_matches_step_by_step() {
     let model = Model::new(&ctx, weights).await.unwrap();
     let (ctx, model, tok) = (Arc::new(ctx), Arc::new(model), Arc::new(tok));
     let prompt = tok.encode("The capital of France is", true, false);
-    let opts = |max_tokens| cera_web::generate::session::GenerateOptions { max_tokens, stop: vec![], sampler: SamplerParams::greedy() };
+    let opts = |max_tokens| cera_web::generate::session::GenerateOptions { max_tokens, stop: vec![], sampler: SamplerParams::greedy(), constraint: None };
     // Chained: stop (abort) after 3 of a chain of up to 7 steps, then go on for 4 more.
     let mut chained = Session::new(ctx.clone(), model.clone(), tok.clone(), SessionOptions { n_ctx: 64, ..Default::default() }).unwrap();
     let mut got = Vec::new();
