@@ -236,7 +236,7 @@ gpu_test!(mask_matches_cpu_over_awkward_sizes, async {
     }
 });
 
-/// The GPU mask then the argmax / top-k equals the CPU chain on masked logits, greedy and sampled.
+// The GPU mask then the argmax / top-k equals the CPU chain on masked logits, greedy and sampled.
 gpu_test!(masked_logits_sample_only_allowed_tokens, async {
     let ctx = common::context().await;
     let n = 262144usize;
@@ -262,8 +262,8 @@ gpu_test!(masked_logits_sample_only_allowed_tokens, async {
     }
 });
 
-/// Mask time per step on the Gemma 3 vocabulary: the upload of the bitset plus the dispatch,
-/// measured over a few submits (the CPU side, llguidance's mask, is timed in the model tests).
+// Mask time per step on the Gemma 3 vocabulary: the upload of the bitset plus the dispatch,
+// measured over a few submits (the CPU side, llguidance's mask, is timed in the model tests).
 gpu_test!(mask_time_on_a_gemma_sized_vocabulary, async {
     let ctx = common::context().await;
     let n = 262144usize;

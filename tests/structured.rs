@@ -85,13 +85,13 @@ fn person_schema() -> serde_json::Value {
     json!({
         "type": "object",
         "properties": {
-            "name": {"type": "string", "maxLength": 12},
+            "name": {"type": "string", "maxLength": 10},
             "role": {"enum": ["admin", "user", "guest"]},
-            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2},
+            "tags": {"type": "array", "items": {"enum": ["new", "vip"]}, "maxItems": 2},
             "address": {
                 "type": "object",
-                "properties": {"city": {"type": "string", "maxLength": 12}, "zip": {"type": "integer", "minimum": 0, "maximum": 99999}},
-                "required": ["city", "zip"],
+                "properties": {"zip": {"type": "integer", "minimum": 0, "maximum": 99999}},
+                "required": ["zip"],
                 "additionalProperties": false
             }
         },
@@ -107,11 +107,13 @@ fn gemma3_json_schema_outputs_parse_and_validate() {
     let schema = person_schema();
     let validator = jsonschema::validator_for(&schema).unwrap();
     let prompt = g.chat_prompt("Describe a user of a web shop as JSON with name, role, tags and address.");
-    let seeds: u64 = std::env::var("CERA_STRUCTURED_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    // Two seeds by default (a second or more per token on the CPU-emulated GPU);
+    // CERA_STRUCTURED_SEEDS=20 for the full sweep.
+    let seeds: u64 = std::env::var("CERA_STRUCTURED_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
     let mut session = g.session();
     for seed in 0..seeds {
-        let (_, text, stats) = g.run(&mut session, &prompt, &opts(96, sampled(seed), Some(ConstraintSpec::JsonSchema(schema.clone()))), &format!("json schema seed {seed}"));
-        assert_eq!(stats.finish_reason, "stop", "seed {seed}: the object did not close within 96 tokens: {text}");
+        let (_, text, stats) = g.run(&mut session, &prompt, &opts(64, sampled(seed), Some(ConstraintSpec::JsonSchema(schema.clone()))), &format!("json schema seed {seed}"));
+        assert_eq!(stats.finish_reason, "stop", "seed {seed}: the object did not close within 64 tokens: {text}");
         let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: not JSON ({e}): {text}"));
         let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
         assert!(errors.is_empty(), "seed {seed}: {text} does not validate: {errors:?}");
@@ -138,28 +140,30 @@ fn gemma3_regex_lark_and_gbnf_outputs_match() {
     assert!(regex::Regex::new("^(Yes|No) (red|green|blue)\\.$").unwrap().is_match(&text), "{text:?}");
 }
 
-/// Greedy decoding under a constraint that admits the unconstrained greedy answer picks the same
-/// tokens (the mask changes nothing the argmax would choose) and ends where it ends.
+/// Greedy decoding under a JSON schema that admits the unconstrained greedy answer picks the same
+/// tokens (the mask removes nothing the argmax would choose) and ends where the object closes.
 #[test]
-fn gemma3_greedy_with_an_admitting_constraint_is_unchanged() {
+fn gemma3_greedy_with_an_admitting_schema_is_unchanged() {
     let g = Gemma::load();
-    let prompt = g.chat_prompt("Reply with only a JSON object with the keys \"city\" and \"country\" for Paris.");
+    // A raw prompt the model continues with one more object of the list.
+    let prompt = g.tok.encode("[{\"city\": \"Paris\", \"country\": \"France\"}, {\"city\": \"Berlin\", \"country\": \"Germany\"}, ", true, false);
     let mut session = g.session();
-    let (free, text, stats) = g.run(&mut session, &prompt, &opts(40, SamplerParams::greedy(), None), "greedy unconstrained");
-    assert_eq!(stats.finish_reason, "stop", "the greedy answer must end within 40 tokens: {text:?}");
-    // The model fences its JSON in Markdown: a Lark grammar with the fence around any JSON object
-    // admits it (the grammar does not know the answer, only its shape).
-    let trimmed = text.trim_end();
-    let (head, tail) = if trimmed.starts_with("```json\n") { ("```json\n", &text[trimmed.rfind("```").unwrap()..]) } else { ("", "") };
-    let lark = format!(
-        "start: {} %json {{\"type\": \"object\", \"properties\": {{\"city\": {{\"type\": \"string\"}}, \"country\": {{\"type\": \"string\"}}}}, \"required\": [\"city\", \"country\"]}} {}\n",
-        if head.is_empty() { String::new() } else { serde_json::to_string(head).unwrap() },
-        if tail.is_empty() { String::new() } else { format!("/\\s*/ {}", serde_json::to_string(tail).unwrap()) },
-    );
-    tlog!("grammar: {lark}");
+    let (free, text, _) = g.run(&mut session, &prompt, &opts(16, SamplerParams::greedy(), None), "greedy unconstrained");
+    let end = text.find('}').map(|i| i + 1).unwrap_or_else(|| panic!("the greedy answer closes no object in 16 tokens: {text:?}"));
+    let object = &text[..end];
+    let schema = json!({
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"],
+        "additionalProperties": false
+    });
+    let v: serde_json::Value = serde_json::from_str(object).unwrap_or_else(|e| panic!("{object:?} is not JSON: {e}"));
+    assert!(jsonschema::is_valid(&schema, &v), "the schema must admit the greedy answer {object:?}");
     let mut session = g.session();
-    let (constrained, text2, _) = g.run(&mut session, &prompt, &opts(40, SamplerParams::greedy(), Some(ConstraintSpec::Lark(lark))), "greedy constrained");
-    assert_eq!(constrained, free, "{text2:?} vs {text:?}");
+    let (constrained, text2, stats) = g.run(&mut session, &prompt, &opts(16, SamplerParams::greedy(), Some(ConstraintSpec::JsonSchema(schema))), "greedy constrained");
+    assert_eq!(stats.finish_reason, "stop", "{text2:?}");
+    assert_eq!(text2, object);
+    assert_eq!(constrained[..], free[..constrained.len()], "{text2:?} vs {text:?}");
 }
 
 /// An invalid schema, a grammar that does not parse and GBNF with what Lark cannot say are clear
