@@ -7,7 +7,9 @@
 
 struct MaskParams {
     n_vocab: u32,
-    _pad0: u32,
+    // -inf, given by the host: Tint rejects -inf as a constant (even `bitcast<f32>(0xff800000u)`
+    // is folded and refused as "cannot be represented as 'f32'"), a uniform is not folded.
+    masked: f32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -27,6 +29,6 @@ fn mask_logits(
         return;
     }
     if ((mask[i >> 5u] >> (i & 31u)) & 1u) == 0u {
-        logits[i] = bitcast<f32>(0xff800000u); // -inf
+        logits[i] = p.masked;
     }
 }

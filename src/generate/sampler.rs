@@ -35,12 +35,12 @@ use std::collections::VecDeque;
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::gpu::GpuContext;
-
-use super::constraint::Constraint;
 use crate::ops::argmax::Argmax;
 use crate::ops::mask::TokenMask;
 use crate::ops::penalty::{count_tokens, is_active, Penalties};
 use crate::ops::topk::{TopK, TopKResult, TOPK};
+
+use super::constraint::Constraint;
 
 /// Sampling options, with llama.cpp's defaults (`common_params_sampling`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -254,10 +254,6 @@ impl Sampler {
         self.constraint.as_mut()
     }
 
-    /// Whether the output so far is complete for the constraint (true without one).
-    pub fn constraint_accepting(&mut self) -> bool {
-        self.constraint.as_mut().is_none_or(|c| c.is_accepting())
-    }
 
     /// Record a token (prompt or generated) for the penalties.
     pub fn accept(&mut self, token: u32) {

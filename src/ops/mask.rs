@@ -22,10 +22,11 @@ pub const WORKGROUP_SIZE: u32 = 256;
 
 /// Uniform of `mask.wgsl`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct MaskParams {
     pub n_vocab: u32,
-    pub _pad0: u32,
+    /// What forbidden logits become: `-inf` (passed in, not written in WGSL: see the shader).
+    pub masked: f32,
     pub _pad1: u32,
     pub _pad2: u32,
 }
@@ -35,7 +36,7 @@ impl WgslParams for MaskParams {
     const SHADER: &'static str = SHADER;
     const FIELDS: &'static [(&'static str, usize)] = &[
         ("n_vocab", offset_of!(MaskParams, n_vocab)),
-        ("_pad0", offset_of!(MaskParams, _pad0)),
+        ("masked", offset_of!(MaskParams, masked)),
         ("_pad1", offset_of!(MaskParams, _pad1)),
         ("_pad2", offset_of!(MaskParams, _pad2)),
     ];
@@ -75,7 +76,7 @@ pub fn prepare(rec: &mut Recorder, logits: &wgpu::Buffer, mask: &wgpu::Buffer, n
     let pipe = ctx.pipeline(&key(ctx.limits.workgroup_size(WORKGROUP_SIZE)))?;
     let groups = (n_vocab as u64).div_ceil(pipe.decisions.workgroup_size as u64);
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
-    let ubuf = rec.uniform(&pipe.key.label(), &MaskParams { n_vocab, ..Default::default() });
+    let ubuf = rec.uniform(&pipe.key.label(), &MaskParams { n_vocab, masked: f32::NEG_INFINITY, ..Default::default() });
     let entries = [
         wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
         wgpu::BindGroupEntry { binding: 1, resource: super::argmax::head(mask, mask_words(n_vocab) as u64 * 4) },
