@@ -118,7 +118,7 @@ pub struct ConstraintEnv {
 }
 
 impl ConstraintEnv {
-    /// Build the token trie of `tok` (tens of milliseconds for 262,144 tokens).
+    /// Build the token trie of `tok` (once per session: the whole vocabulary is walked).
     pub fn new(tok: &Arc<Tokenizer>) -> Result<Self> {
         let n_vocab = tok.n_vocab() as u32;
         let eog: Vec<u32> = tok.eog_ids().to_vec();
