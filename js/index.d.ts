@@ -76,6 +76,26 @@ export interface SamplingOptions {
   seed?: number;
 }
 
+/** A JSON Schema (draft 2020-12 subset that llguidance supports). */
+export type JsonSchema = Record<string, unknown> | boolean;
+
+/**
+ * Structured output in OpenAI's shapes: any JSON object, or JSON valid against a schema
+ * (`schema`, or OpenAI's `json_schema: {name, schema, strict}`).
+ */
+export type ResponseFormat =
+  | { type: 'text' }
+  | { type: 'json_object' }
+  | { type: 'json_schema'; schema: JsonSchema }
+  | { type: 'json_schema'; json_schema: { name?: string; schema: JsonSchema; strict?: boolean; description?: string } };
+
+/**
+ * A grammar the output must match, exactly one of: a Lark grammar in llguidance's dialect
+ * (`start` rule), a llama.cpp GBNF grammar (`root` rule; an error names the line of anything
+ * that has no Lark equivalent), or a regular expression (Rust `regex` syntax) for the whole output.
+ */
+export type Grammar = { lark: string } | { gbnf: string } | { regex: string };
+
 export interface GenerateOptions extends SamplingOptions {
   /** Default 256. */
   maxTokens?: number;
@@ -87,6 +107,13 @@ export interface GenerateOptions extends SamplingOptions {
   addSpecial?: boolean;
   /** Raw prompts: parse special tokens like `<start_of_turn>` (default true). */
   parseSpecial?: boolean;
+  /**
+   * Constrain the output to JSON (every token is masked on the GPU to what the schema allows;
+   * generation ends when the value is complete, or with `finishReason: 'length'`).
+   */
+  responseFormat?: ResponseFormat;
+  /** Constrain the output to a grammar or regex (not together with `responseFormat`). */
+  grammar?: Grammar;
 }
 
 export interface Token {
@@ -110,6 +137,8 @@ export interface GenerationStats {
   totalContextShifts: number;
   nPast: number;
   contextSize: number;
+  /** CPU time of the constraint's token mask, ms per token (0 without a constraint). */
+  maskMsPerToken: number;
 }
 
 /** A running generation: `for await (const {text} of stream)`; `await stream.stats`. */
@@ -185,14 +214,143 @@ export interface EngineInfo {
   contextShifts: number;
 }
 
+// ------------------------------------------------------------ the OpenAI-shaped API
+
+export interface OpenAIChatMessage {
+  role: 'system' | 'developer' | 'user' | 'assistant' | string;
+  content: string | { type: 'text'; text: string }[] | null;
+  name?: string;
+}
+
+/** Fields common to both requests. Anything else (or n > 1, logprobs, tools) is INVALID_ARGUMENT. */
+export interface OpenAIRequestCommon {
+  model?: string;
+  stream?: boolean | null;
+  stream_options?: { include_usage?: boolean } | null;
+  max_tokens?: number | null;
+  max_completion_tokens?: number | null;
+  /** OpenAI's default 1 (plain sampling: top_k, min_p off); 0 is greedy. */
+  temperature?: number | null;
+  top_p?: number | null;
+  top_k?: number | null;
+  min_p?: number | null;
+  seed?: number | null;
+  stop?: string | string[] | null;
+  frequency_penalty?: number | null;
+  presence_penalty?: number | null;
+  repeat_penalty?: number | null;
+  n?: 1 | null;
+  logprobs?: false | null;
+  user?: string;
+  metadata?: Record<string, string> | null;
+  store?: boolean | null;
+}
+
+export interface ChatCompletionCreateParams extends OpenAIRequestCommon {
+  messages: OpenAIChatMessage[];
+  response_format?: ResponseFormat | null;
+  /** Not supported yet: an empty list or `tool_choice: 'none'` only. */
+  tools?: [] | null;
+  tool_choice?: 'none' | null;
+  parallel_tool_calls?: boolean | null;
+}
+
+export interface CompletionCreateParams extends OpenAIRequestCommon {
+  prompt: string;
+  echo?: false | null;
+}
+
+export type FinishReason = 'stop' | 'length';
+
+export interface CompletionUsage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: 'chat.completion';
+  created: number;
+  model: string;
+  choices: { index: number; message: { role: 'assistant'; content: string; refusal: null }; logprobs: null; finish_reason: FinishReason }[];
+  usage: CompletionUsage;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: 'chat.completion.chunk';
+  created: number;
+  model: string;
+  /** Empty in the extra usage chunk of `stream_options.include_usage`. */
+  choices: { index: number; delta: { role?: 'assistant'; content?: string }; logprobs: null; finish_reason: FinishReason | null }[];
+  usage?: CompletionUsage;
+}
+
+export interface Completion {
+  id: string;
+  object: 'text_completion';
+  created: number;
+  model: string;
+  choices: { index: number; text: string; logprobs: null; finish_reason: FinishReason | null }[];
+  usage?: CompletionUsage;
+}
+
+/** A streamed response: `for await (const chunk of stream)`; `stop()` ends the generation. */
+export interface ChunkStream<T> extends AsyncIterableIterator<T> {
+  stop(): void;
+}
+
+export interface ChatCompletions {
+  create(body: ChatCompletionCreateParams & { stream: true }): Promise<ChunkStream<ChatCompletionChunk>>;
+  create(body: ChatCompletionCreateParams & { stream?: false | null }): Promise<ChatCompletion>;
+  create(body: ChatCompletionCreateParams): Promise<ChatCompletion | ChunkStream<ChatCompletionChunk>>;
+}
+
+export interface Completions {
+  create(body: CompletionCreateParams & { stream: true }): Promise<ChunkStream<Completion>>;
+  create(body: CompletionCreateParams & { stream?: false | null }): Promise<Completion>;
+  create(body: CompletionCreateParams): Promise<Completion | ChunkStream<Completion>>;
+}
+
+export interface OpenAIModels {
+  list(): Promise<{ object: 'list'; data: { id: string; object: 'model'; created: number; owned_by: string }[] }>;
+}
+
+/**
+ * The OpenAI-shaped members both engines have. `fetch` answers `/v1/chat/completions`,
+ * `/v1/completions` and `/v1/models` (server-sent events when streaming):
+ * `new OpenAI({ fetch: engine.fetch, baseURL: 'http://cera.local/v1', apiKey: 'unused', dangerouslyAllowBrowser: true })`.
+ */
+export interface OpenAICompatible {
+  readonly completions: Completions;
+  readonly models: OpenAIModels;
+  fetch(input: string | URL | Request, init?: RequestInit): Promise<Response>;
+}
+
+export type ChatMethod = ((messages: ChatMessage[], options?: GenerateOptions) => TokenStream) & { readonly completions: ChatCompletions };
+
+/** The OpenAI-shaped API over any engine with `chat`, `generate` and `info`. */
+export function openaiApi(engine: {
+  chat(messages: ChatMessage[], options?: GenerateOptions): TokenStream;
+  generate(prompt: string, options?: GenerateOptions): TokenStream;
+  info(): unknown;
+}): OpenAICompatible & { chat: { completions: ChatCompletions } };
+/** Add the OpenAI-shaped members to `engine` (both engines do this themselves). */
+export function addOpenaiApi(engine: object, chatMethod: (messages: ChatMessage[], options?: GenerateOptions) => TokenStream): void;
+
 /** Fetch and compile the .wasm once (Engine.load calls it). */
 export function init(wasm?: string | URL | Response | WebAssembly.Module): Promise<unknown>;
 
-export class Engine {
+export class Engine implements OpenAICompatible {
   private constructor();
   static load(source: ModelSource, options?: LoadOptions): Promise<Engine>;
   generate(prompt: string, options?: GenerateOptions): TokenStream;
-  chat(messages: ChatMessage[], options?: GenerateOptions): TokenStream;
+  /** Chat as a token stream; `engine.chat.completions.create(...)` is OpenAI's API. */
+  readonly chat: ChatMethod;
+  readonly completions: Completions;
+  readonly models: OpenAIModels;
+  fetch(input: string | URL | Request, init?: RequestInit): Promise<Response>;
   tokenize(text: string, options?: TokenizeOptions): number[];
   detokenize(ids: ArrayLike<number>): string;
   shiftContext(nKeep: number, nDiscard: number): void;
@@ -212,11 +370,14 @@ export interface WorkerLoadOptions extends LoadOptions {
 }
 
 /** The Engine API with the engine in a Web Worker: methods return promises. */
-export class WorkerEngine {
+export class WorkerEngine implements OpenAICompatible {
   private constructor();
   static load(source: ModelSource, options?: WorkerLoadOptions): Promise<WorkerEngine>;
   generate(prompt: string, options?: GenerateOptions): TokenStream;
-  chat(messages: ChatMessage[], options?: GenerateOptions): TokenStream;
+  readonly chat: ChatMethod;
+  readonly completions: Completions;
+  readonly models: OpenAIModels;
+  fetch(input: string | URL | Request, init?: RequestInit): Promise<Response>;
   tokenize(text: string, options?: TokenizeOptions): Promise<number[]>;
   detokenize(ids: ArrayLike<number>): Promise<string>;
   shiftContext(nKeep: number, nDiscard: number): Promise<void>;

@@ -4,6 +4,7 @@
 // wrapper over the wasm-bindgen class: generations are async iterators), `createWorkerEngine`
 // (the same API with the engine in a Web Worker) and a debug counter of live GPU buffers.
 import initWasm, { Engine as RawEngine, gpuSelfCheck } from '../pkg/cera_web.js';
+import { addOpenaiApi } from './openai.js';
 
 export { gpuSelfCheck };
 
@@ -110,6 +111,7 @@ export class Engine {
 
   constructor(raw) {
     this.#raw = raw;
+    addOpenaiApi(this, Engine.prototype.chat);
   }
 
   /**
@@ -201,3 +203,4 @@ export function countGpuBuffers() {
 }
 
 export { createWorkerEngine, WorkerEngine } from './worker-client.js';
+export { addOpenaiApi, openaiApi } from './openai.js';

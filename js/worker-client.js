@@ -1,6 +1,7 @@
 // The page side of the worker engine: the Engine API over postMessage, so the page's UI never
 // blocks on the GPU. Tokens stream as messages; abort signals and stop() cross as messages too.
 import { engineError, tokenStream } from './index.js';
+import { addOpenaiApi } from './openai.js';
 
 function rebuild(e) {
   return engineError(e.code, e.message);
@@ -15,6 +16,7 @@ export class WorkerEngine {
 
   constructor(worker) {
     this.#worker = worker;
+    addOpenaiApi(this, WorkerEngine.prototype.chat);
     worker.onmessage = (e) => {
       const m = e.data;
       const p = this.#pending.get(m.id);

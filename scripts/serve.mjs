@@ -18,6 +18,8 @@ const mounts = [
   ['/models/', process.env.CERA_MODELS_DIR ? resolve(process.env.CERA_MODELS_DIR) : join(root, 'models')],
   ['/js/', join(root, 'js')],
   ['/fixtures/', join(root, 'tests', 'fixtures')],
+  // Dev dependencies for browser tests that import a package (the openai client), unbundled.
+  ['/node_modules/', join(root, 'node_modules')],
   ['/', www],
 ];
 const types = {

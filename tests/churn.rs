@@ -53,7 +53,7 @@ async fn context() -> GpuContext {
 }
 
 fn greedy(max_tokens: u32) -> GenerateOptions {
-    GenerateOptions { max_tokens, stop: vec![], sampler: SamplerParams::greedy() }
+    GenerateOptions { max_tokens, stop: vec![], sampler: SamplerParams::greedy(), constraint: None }
 }
 
 /// One cycle: load, generate `n` greedy tokens, drop everything. Returns the ids and the live

@@ -302,7 +302,7 @@ async fn shift() {
     let t0 = now_s();
     session.reset();
     session.feed(&tokens[..tokens.len() - 1]).unwrap();
-    let gen = GenerateOptions { max_tokens: upto as u32, stop: vec![], sampler: SamplerParams::greedy() };
+    let gen = GenerateOptions { max_tokens: upto as u32, stop: vec![], sampler: SamplerParams::greedy(), constraint: None };
     let mut got = Vec::new();
     let stats = session
         .generate(&tokens[tokens.len() - 1..], &gen, &mut |id, _| {
@@ -329,7 +329,7 @@ async fn chained_matches_step_by_step() {
     let model = Model::new(&ctx, weights).await.unwrap();
     let (ctx, model, tok) = (Arc::new(ctx), Arc::new(model), Arc::new(tok));
     let prompt = tok.encode("The capital of France is", true, false);
-    let opts = |max_tokens| cera_web::generate::session::GenerateOptions { max_tokens, stop: vec![], sampler: SamplerParams::greedy() };
+    let opts = |max_tokens| cera_web::generate::session::GenerateOptions { max_tokens, stop: vec![], sampler: SamplerParams::greedy(), constraint: None };
     // Chained: stop (abort) after 3 of a chain of up to 7 steps, then go on for 4 more.
     let mut chained = Session::new(ctx.clone(), model.clone(), tok.clone(), SessionOptions { n_ctx: 64, ..Default::default() }).unwrap();
     let mut got = Vec::new();

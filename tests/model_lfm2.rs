@@ -70,7 +70,7 @@ fn argmax(v: &[f32]) -> usize {
 
 /// Greedy `n` tokens after `prompt` through `generate` (chained on the GPU); the ids.
 async fn reply(session: &mut Session, prompt: &[u32], n: u32) -> Vec<u32> {
-    let opts = GenerateOptions { max_tokens: n, stop: vec![], sampler: SamplerParams::greedy() };
+    let opts = GenerateOptions { max_tokens: n, stop: vec![], sampler: SamplerParams::greedy(), constraint: None };
     let mut out = Vec::new();
     session
         .generate(prompt, &opts, &mut |id, _| {
@@ -171,7 +171,7 @@ async fn rewind_after_a_stop_is_exact() {
     let (ctx, model, tok) = load().await;
     let opts = SessionOptions { n_ctx: 64, batch: 8, ..Default::default() };
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts.clone()).unwrap();
-    let gopts = GenerateOptions { max_tokens: 12, stop: vec![], sampler: SamplerParams::greedy() };
+    let gopts = GenerateOptions { max_tokens: 12, stop: vec![], sampler: SamplerParams::greedy(), constraint: None };
     let mut n = 0;
     let stats = session
         .generate(&ids(6, 9), &gopts, &mut |_, _| {

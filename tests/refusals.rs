@@ -21,7 +21,7 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 async fn generate(s: &mut Session, prompt: &[u32], n: u32) -> cera_web::Result<Vec<u32>> {
     let mut ids = Vec::new();
-    let opts = GenerateOptions { max_tokens: n, stop: vec![], sampler: SamplerParams::greedy() };
+    let opts = GenerateOptions { max_tokens: n, stop: vec![], sampler: SamplerParams::greedy(), constraint: None };
     s.generate(prompt, &opts, &mut |id, _| {
         ids.push(id);
         true

@@ -6,6 +6,7 @@ mod common;
 use cera_web::generate::sampler::{reference_sample, Sampler, SamplerParams, SamplerRng};
 use cera_web::gpu::GpuContext;
 use cera_web::ops::argmax::{cpu_argmax, Argmax};
+use cera_web::ops::mask::{cpu_mask, TokenMask};
 use cera_web::ops::penalty::{count_tokens, cpu_penalties, Penalties};
 use cera_web::ops::topk::{cpu_topk, TopK, TOPK};
 use common::Rng;
@@ -200,4 +201,83 @@ gpu_test!(penalties_lower_a_repeated_token, async {
     tlog!("p(repeated) = {p0:.4} -> repeat {:.4}, freq x1 {:.4}, freq x3 {:.4}, presence {:.4}", probs[0], probs[1], probs[2], probs[3]);
     assert!(probs.iter().all(|&p| p < p0));
     assert!(probs[2] < probs[1]);
+});
+
+/// Bitsets with every word shape: all allowed, none, alternating bits, a random sparse set, and
+/// a tail word that is partly past the vocabulary.
+fn masks(n: usize, seed: u64) -> Vec<Vec<u32>> {
+    let words = n.div_ceil(32);
+    let mut rng = Rng::new(seed);
+    vec![
+        vec![u32::MAX; words],
+        vec![0; words],
+        vec![0xAAAA_AAAA; words],
+        (0..words).map(|_| if rng.f32() < 0.3 { (rng.next_u64() as u32) & (rng.next_u64() as u32) } else { 0 }).collect(),
+    ]
+}
+
+gpu_test!(mask_matches_cpu_over_awkward_sizes, async {
+    let ctx = common::context().await;
+    for (s, &n) in SIZES.iter().chain(&[33usize, 262145]).enumerate() {
+        let logits = tied_logits(n, 300 + s as u64);
+        for (m, bits) in masks(n, 400 + s as u64).iter().enumerate() {
+            let buf = upload(&ctx, &logits);
+            let op = TokenMask::new(&ctx, &buf, n as u32).unwrap();
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            op.encode(&ctx, &mut enc, bits);
+            ctx.submit([enc.finish()]);
+            let got = cera_web::gpu::readback::read_f32(&ctx, &buf, 0, n).await.unwrap();
+            let mut want = logits.clone();
+            cpu_mask(&mut want, bits);
+            let bad = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            tlog!("mask n={n} mask {m}: {bad} differ, {} allowed", want.iter().filter(|x| x.is_finite()).count());
+            assert_eq!(bad, 0, "mask n={n} mask {m}");
+        }
+    }
+});
+
+// The GPU mask then the argmax / top-k equals the CPU chain on masked logits, greedy and sampled.
+gpu_test!(masked_logits_sample_only_allowed_tokens, async {
+    let ctx = common::context().await;
+    let n = 262144usize;
+    let logits = smooth_logits(n, 77);
+    let bits = &masks(n, 78)[3];
+    let mut masked = logits.clone();
+    cpu_mask(&mut masked, bits);
+    let buf = upload(&ctx, &logits);
+    let op = TokenMask::new(&ctx, &buf, n as u32).unwrap();
+    for params in [SamplerParams::greedy(), SamplerParams { seed: 9, temperature: 1.0, ..Default::default() }] {
+        let mut s = Sampler::new(params.clone());
+        let mut rng = SamplerRng::new(params.seed);
+        for step in 0..4 {
+            ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits));
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            op.encode(&ctx, &mut enc, bits);
+            ctx.submit([enc.finish()]);
+            let got = s.sample_logits(&ctx, &buf, n as u32).await.unwrap();
+            let want = reference_sample(&params, &masked, &[], rng.uniform()).unwrap();
+            assert!((bits[got as usize / 32] >> (got % 32)) & 1 == 1, "token {got} is masked");
+            assert_eq!(got, want, "step {step}, {params:?}");
+        }
+    }
+});
+
+// Mask time per step on the Gemma 3 vocabulary: the upload of the bitset plus the dispatch,
+// measured over a few submits (the CPU side, llguidance's mask, is timed in the model tests).
+gpu_test!(mask_time_on_a_gemma_sized_vocabulary, async {
+    let ctx = common::context().await;
+    let n = 262144usize;
+    let buf = upload(&ctx, &smooth_logits(n, 5));
+    let op = TokenMask::new(&ctx, &buf, n as u32).unwrap();
+    let bits = &masks(n, 6)[2];
+    let runs = 20;
+    let t0 = cera_web::generate::session::now_s();
+    for _ in 0..runs {
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        op.encode(&ctx, &mut enc, bits);
+        ctx.submit([enc.finish()]);
+    }
+    let _ = cera_web::gpu::readback::read_f32(&ctx, &buf, 0, 1).await.unwrap();
+    let ms = (cera_web::generate::session::now_s() - t0) * 1000.0 / runs as f64;
+    tlog!("mask upload + dispatch over {n} tokens: {ms:.3} ms per step");
 });

@@ -73,7 +73,7 @@ async fn soak() {
         let penalized = sampler.penalties_active();
         // Mostly greedy (chained on the GPU, one readback per 16 tokens); sampled calls are short.
         let max_tokens = (TOTAL - generated).min(if sampler.is_greedy() { 499 + calls % 7 } else { 45 + calls % 11 });
-        let gen = GenerateOptions { max_tokens, stop: vec![], sampler };
+        let gen = GenerateOptions { max_tokens, stop: vec![], sampler, constraint: None };
         let mut ids = Vec::new();
         let t_call = now_s();
         let stats = session

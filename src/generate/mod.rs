@@ -4,9 +4,12 @@
 //! - [`session`]: positions, KV cache + automatic context shift, prefill, the decode loop.
 //! - [`bench`]: prefill/decode speed and the output head's share.
 //! - [`score`]: teacher-forced scoring (top tokens per position).
+//! - [`constraint`]: structured output (JSON Schema, Lark, regex, GBNF) as a per-step token mask.
 //! - [`chat`]: chat templates (the GGUF's Jinja template, or a built-in one per architecture).
 
 pub mod chat;
+pub mod constraint;
+pub mod gbnf;
 pub mod sampler;
 pub mod score;
 pub mod session;

@@ -6,6 +6,10 @@
 //! 2. GPU: `temperature <= 0` -> argmax ([`crate::ops::argmax`]), read back 4 bytes, done.
 //!    Otherwise top-K ([`crate::ops::topk`], K = [`TOPK`] = 64) plus the full-vocab softmax
 //!    normalizer, read back `TOPK * 8 + 8` bytes.
+//!
+//!    With a constraint ([`Sampler::set_constraint`]), the grammar's token bitset for the step is
+//!    computed on the CPU and uploaded, and the logits of forbidden tokens become `-inf` on the
+//!    GPU ([`crate::ops::mask`]) before steps 1 and 2, so the readback stays as small.
 //! 3. CPU, on the candidates ([`sample_candidates`]): top-k, top-p, min-p, temperature, softmax,
 //!    sample: llama.cpp's `common_params_sampling::samplers` order (penalties, dry, top_n_sigma,
 //!    top_k, typ_p, top_p, min_p, xtc, temperature, then `dist`), less the samplers we don't have
@@ -32,8 +36,11 @@ use std::collections::VecDeque;
 use crate::error::{Error, ErrorCode, Result};
 use crate::gpu::GpuContext;
 use crate::ops::argmax::Argmax;
+use crate::ops::mask::TokenMask;
 use crate::ops::penalty::{count_tokens, is_active, Penalties};
 use crate::ops::topk::{TopK, TopKResult, TOPK};
+
+use super::constraint::Constraint;
 
 /// Sampling options, with llama.cpp's defaults (`common_params_sampling`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -200,6 +207,7 @@ struct GpuState {
     logits: wgpu::Buffer,
     n_vocab: u32,
     penalties: Option<Penalties>,
+    mask: Option<TokenMask>,
     argmax: Option<Argmax>,
     topk: Option<TopK>,
     staging: wgpu::Buffer,
@@ -225,13 +233,27 @@ pub struct Sampler {
     rng: SamplerRng,
     history: VecDeque<u32>,
     gpu: Option<GpuState>,
+    constraint: Option<Constraint>,
+    /// CPU time spent computing token masks, seconds, and the masks computed.
+    pub mask_time_s: f64,
+    pub masks: u32,
 }
 
 impl Sampler {
     pub fn new(params: SamplerParams) -> Self {
         let rng = SamplerRng::new(params.seed);
-        Sampler { params, rng, history: VecDeque::new(), gpu: None }
+        Sampler { params, rng, history: VecDeque::new(), gpu: None, constraint: None, mask_time_s: 0.0, masks: 0 }
     }
+
+    /// Constrain every token sampled from now on to `constraint`'s grammar.
+    pub fn set_constraint(&mut self, constraint: Constraint) {
+        self.constraint = Some(constraint);
+    }
+
+    pub fn constraint_mut(&mut self) -> Option<&mut Constraint> {
+        self.constraint.as_mut()
+    }
+
 
     /// Record a token (prompt or generated) for the penalties.
     pub fn accept(&mut self, token: u32) {
@@ -270,6 +292,7 @@ impl Sampler {
                 logits: logits.clone(),
                 n_vocab,
                 penalties: None,
+                mask: None,
                 argmax: None,
                 topk: None,
                 staging: ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -302,7 +325,23 @@ impl Sampler {
     ) -> Result<()> {
         let p = self.params.clone();
         let pairs = if p.penalties_active() { count_tokens(self.history.iter().copied()) } else { Vec::new() };
+        let words = match self.constraint.as_mut() {
+            Some(c) => {
+                let t0 = super::session::now_s();
+                let w = c.mask()?.to_vec();
+                self.mask_time_s += super::session::now_s() - t0;
+                self.masks += 1;
+                Some(w)
+            }
+            None => None,
+        };
         let g = self.state(ctx, logits, n_vocab)?;
+        if let Some(words) = &words {
+            if g.mask.is_none() {
+                g.mask = Some(TokenMask::new(ctx, logits, n_vocab)?);
+            }
+            g.mask.as_ref().expect("built").write(ctx, words);
+        }
         if !pairs.is_empty() && g.penalties.is_none() {
             g.penalties = Some(Penalties::new(ctx, logits, n_vocab, pairs.len().max(64) as u32)?);
         }
@@ -319,6 +358,10 @@ impl Sampler {
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward + sampler"), timestamp_writes: None });
             before(&mut pass);
+            let mask = g.mask.as_ref().filter(|_| words.is_some());
+            if let Some(m) = mask {
+                m.record(&mut pass);
+            }
             if let Some(pen) = &g.penalties {
                 pen.encode_pass(ctx, &mut pass)?;
             }
@@ -334,7 +377,7 @@ impl Sampler {
                     t.stages()
                 }
             };
-            ctx.count_recorded(1, stages as u64 + g.penalties.is_some() as u64);
+            ctx.count_recorded(1, stages as u64 + g.penalties.is_some() as u64 + mask.map_or(0, |m| m.dispatches() as u64));
         }
         match kind {
             Pending::Argmax => encoder.copy_buffer_to_buffer(g.argmax.as_ref().expect("built").result(), 0, &g.staging, 0, 8),
@@ -346,8 +389,9 @@ impl Sampler {
 
     /// Whether the next token can be chosen without the CPU: greedy with no penalties (the
     /// argmax needs nothing but the logits), so steps can be chained on the GPU.
+    /// A constraint needs the CPU between steps (its mask depends on the token just sampled).
     pub fn chains_on_gpu(&self) -> bool {
-        self.params.is_greedy() && !self.params.penalties_active()
+        self.params.is_greedy() && !self.params.penalties_active() && self.constraint.is_none()
     }
 
     /// A greedy step kept on the GPU: after `before` (the forward pass writing `logits`) in the
@@ -367,7 +411,7 @@ impl Sampler {
         ring: (&wgpu::Buffer, u64),
     ) -> Result<()> {
         if !self.chains_on_gpu() {
-            return Err(Error::internal("encode_chained needs greedy sampling without penalties"));
+            return Err(Error::internal("encode_chained needs greedy sampling without penalties or constraint"));
         }
         let g = self.state(ctx, logits, n_vocab)?;
         if g.argmax.is_none() {
@@ -406,10 +450,21 @@ impl Sampler {
             Pending::TopK => {
                 let r = TopKResult::from_bytes(&bytes);
                 let u = self.rng.uniform();
-                sample_candidates(&self.params, &r.candidates, Some((r.max, r.sum_exp)), u)
+                // Masked tokens come back as -inf when fewer than TOPK are allowed: drop them.
+                let candidates: Vec<(f32, u32)> = match &self.constraint {
+                    Some(c) => r.candidates.iter().copied().filter(|&(l, id)| l > f32::NEG_INFINITY && c.allows(id)).collect(),
+                    None => r.candidates,
+                };
+                sample_candidates(&self.params, &candidates, Some((r.max, r.sum_exp)), u)
             }
         };
         let token = token.ok_or_else(|| Error::new(ErrorCode::Internal, "no token to sample: the logits are all NaN"))?;
+        if let Some(c) = self.constraint.as_mut() {
+            if !c.allows(token) {
+                return Err(Error::internal(format!("the sampler picked token {token}, which the constraint forbids")));
+            }
+            c.commit(token)?;
+        }
         self.accept(token);
         Ok(token)
     }

@@ -12,6 +12,7 @@ use crate::kv::KvCache;
 use crate::model::{ForwardPlan, LogitRows, Model, Workspace};
 use crate::tokenizer::{Detokenizer, Tokenizer};
 
+use super::constraint::{Constraint, ConstraintEnv, ConstraintSpec};
 use super::sampler::{Sampler, SamplerParams};
 
 /// Prepared forward passes a session keeps (decode, the prefill batch, a few tails).
@@ -59,6 +60,8 @@ pub struct GenerationStats {
     pub decode_tok_s: f64,
     pub finish_reason: String,
     pub context_shifts: u32,
+    /// CPU time computing constraint masks, milliseconds per token (0 without a constraint).
+    pub mask_ms_per_token: f64,
 }
 
 /// Options of one `generate` call.
@@ -67,6 +70,8 @@ pub struct GenerateOptions {
     pub max_tokens: u32,
     pub stop: Vec<String>,
     pub sampler: SamplerParams,
+    /// Structured output: every token is masked to what this grammar allows next.
+    pub constraint: Option<ConstraintSpec>,
 }
 
 /// Owns shared handles (`Arc`) so a JS class can hold one without borrowing.
@@ -85,6 +90,8 @@ pub struct Session {
     plans: Vec<ForwardPlan>,
     /// Readback ring of chained greedy steps: `(value bits, index)` per step ([`CHAIN`] slots).
     ring: Option<wgpu::Buffer>,
+    /// llguidance's view of the tokenizer, built on the first constrained generation.
+    constraint_env: Option<Arc<ConstraintEnv>>,
     pub shifts: u32,
     /// CPU seconds spent recording and submitting chained decode steps (`cera bench` divides
     /// by the steps: when it is close to the time per token, decoding is bound by the CPU).
@@ -99,7 +106,21 @@ impl Session {
         let kv = model.new_kv_cache(&ctx, opts.n_ctx)?;
         let batch = opts.batch.clamp(1, opts.n_ctx);
         let ws = model.workspace(&ctx, batch, 1)?;
-        Ok(Session { ctx, model, tok, opts, kv, ws, tokens: Vec::new(), have_logits: false, plans: Vec::new(), ring: None, shifts: 0, record_s: 0.0 })
+        Ok(Session {
+            ctx,
+            model,
+            tok,
+            opts,
+            kv,
+            ws,
+            tokens: Vec::new(),
+            have_logits: false,
+            plans: Vec::new(),
+            ring: None,
+            constraint_env: None,
+            shifts: 0,
+            record_s: 0.0,
+        })
     }
 
     pub fn n_past(&self) -> u32 {
@@ -122,6 +143,19 @@ impl Session {
     }
     pub fn context(&self) -> &Arc<GpuContext> {
         &self.ctx
+    }
+
+    /// The constraint environment of this session's tokenizer (built once).
+    pub fn constraint_env(&mut self) -> Result<Arc<ConstraintEnv>> {
+        if self.constraint_env.is_none() {
+            self.constraint_env = Some(Arc::new(ConstraintEnv::new(&self.tok)?));
+        }
+        Ok(self.constraint_env.clone().expect("just set"))
+    }
+
+    /// Share a constraint environment built elsewhere for the same tokenizer.
+    pub fn set_constraint_env(&mut self, env: Arc<ConstraintEnv>) {
+        self.constraint_env = Some(env);
     }
 
     /// Forget everything.
@@ -407,6 +441,10 @@ impl Session {
         let mut stats = GenerationStats { prompt_tokens: prompt.len() as u32, ..Default::default() };
         let shifts0 = self.shifts;
         let mut sampler = Sampler::new(opts.sampler.clone());
+        if let Some(spec) = &opts.constraint {
+            let env = self.constraint_env()?;
+            sampler.set_constraint(Constraint::new(&env, spec)?);
+        }
         sampler.accept_all(&self.tokens);
         sampler.accept_all(prompt);
         let t0 = now_s();
@@ -447,6 +485,9 @@ impl Session {
                     Some("aborted")
                 } else if hit {
                     Some("stop")
+                } else if sampler.constraint_mut().is_some_and(|c| c.is_stopped()) {
+                    // The grammar can take nothing more: only end of generation is left.
+                    Some("stop")
                 } else if opts.max_tokens > 0 && stats.generated_tokens >= opts.max_tokens {
                     Some("length")
                 } else {
@@ -474,6 +515,9 @@ impl Session {
         stats.decode_tok_s = if decoded > 0.0 { decoded / (t_end - t_first).max(1e-9) } else { 0.0 };
         stats.finish_reason = finish.to_string();
         stats.context_shifts = self.shifts - shifts0;
+        if sampler.masks > 0 {
+            stats.mask_ms_per_token = sampler.mask_time_s * 1000.0 / sampler.masks as f64;
+        }
         Ok(stats)
     }
 }
@@ -524,7 +568,18 @@ impl<'s> StopScanner<'s> {
 pub fn now_s() -> f64 {
     #[cfg(target_arch = "wasm32")]
     {
-        js_sys::Date::now() / 1000.0
+        // performance.now() (sub-millisecond, in pages and workers alike): per-token figures
+        // such as the constraint mask's CPU time are below Date.now()'s millisecond.
+        use wasm_bindgen::JsCast;
+        thread_local! {
+            static PERF: Option<web_sys::Performance> = js_sys::Reflect::get(&js_sys::global(), &"performance".into())
+                .ok()
+                .and_then(|p| p.dyn_into::<web_sys::Performance>().ok());
+        }
+        PERF.with(|p| match p {
+            Some(p) => p.now() / 1000.0,
+            None => js_sys::Date::now() / 1000.0,
+        })
     }
     #[cfg(not(target_arch = "wasm32"))]
     {

@@ -14,6 +14,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
     ("gemm.wgsl", include_str!("../../shaders/gemm.wgsl")),
     ("penalty.wgsl", include_str!("../../shaders/penalty.wgsl")),
+    ("mask.wgsl", include_str!("../../shaders/mask.wgsl")),
     ("topk.wgsl", include_str!("../../shaders/topk.wgsl")),
     ("embed.wgsl", include_str!("../../shaders/embed.wgsl")),
     ("rmsnorm.wgsl", include_str!("../../shaders/rmsnorm.wgsl")),

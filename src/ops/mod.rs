@@ -9,6 +9,7 @@ pub mod embed;
 pub mod gemm;
 pub mod glu;
 pub mod kv_shift;
+pub mod mask;
 pub mod matmul;
 pub mod matmul_bench;
 pub mod penalty;
@@ -47,6 +48,7 @@ pub fn all_variants() -> Vec<Variant> {
     v.extend(argmax::variants());
     v.extend(topk::variants());
     v.extend(penalty::variants());
+    v.extend(mask::variants());
     v.extend(embed::variants());
     v.extend(rmsnorm::variants());
     v.extend(rope::variants());
@@ -67,6 +69,7 @@ pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usiz
     }
     let mut v = vec![entry::<kv_shift::KvShiftParams>(), entry::<matmul::MatmulParams>()];
     v.extend([entry::<argmax::ArgmaxParams>(), entry::<topk::TopkParams>(), entry::<penalty::PenaltyParams>()]);
+    v.push(entry::<mask::MaskParams>());
     v.extend([
         entry::<embed::EmbedParams>(),
         entry::<rmsnorm::RmsNormParams>(),

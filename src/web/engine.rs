@@ -30,6 +30,7 @@ use super::js_error;
 use super::source::{self, Abort, Origin, Source};
 use crate::error::{Error, ErrorCode, Result};
 use crate::generate::chat::{strip_leading_bos, ChatMessage, ChatTemplate};
+use crate::generate::constraint::ConstraintSpec;
 use crate::generate::sampler::SamplerParams;
 use crate::generate::session::{GenerateOptions, Session, SessionOptions};
 use crate::gpu::{GpuContext, GpuLimits, LimitRequest};
@@ -82,12 +83,36 @@ struct GenOptions {
     add_special: Option<bool>,
     /// Raw prompts: parse `<start_of_turn>`-style special tokens in the text (default true).
     parse_special: Option<bool>,
+    /// `{type: 'json_object'}` or `{type: 'json_schema', schema}` (OpenAI's shapes).
+    response_format: Option<serde_json::Value>,
+    /// `{lark}`, `{gbnf}` or `{regex}`.
+    grammar: Option<GrammarOption>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct GrammarOption {
+    lark: Option<String>,
+    gbnf: Option<String>,
+    regex: Option<String>,
 }
 
 impl GenOptions {
-    fn to_generate(&self) -> GenerateOptions {
+    fn to_generate(&self) -> Result<GenerateOptions> {
         let d = SamplerParams::default();
-        GenerateOptions {
+        let from_format = match &self.response_format {
+            Some(v) => ConstraintSpec::from_response_format(v)?,
+            None => None,
+        };
+        let from_grammar = match &self.grammar {
+            Some(g) => Some(ConstraintSpec::from_grammar(g.lark.as_deref(), g.gbnf.as_deref(), g.regex.as_deref())?),
+            None => None,
+        };
+        if from_format.is_some() && from_grammar.is_some() {
+            return Err(Error::invalid("give responseFormat or grammar, not both"));
+        }
+        Ok(GenerateOptions {
+            constraint: from_format.or(from_grammar),
             max_tokens: self.max_tokens.unwrap_or(256),
             stop: self.stop.clone(),
             sampler: SamplerParams {
@@ -101,7 +126,7 @@ impl GenOptions {
                 penalty_last_n: self.penalty_last_n.unwrap_or(d.penalty_last_n),
                 seed: self.seed.unwrap_or(d.seed),
             },
-        }
+        })
     }
 }
 
@@ -250,6 +275,8 @@ struct GenStats {
     total_context_shifts: u32,
     n_past: u32,
     context_size: u32,
+    /// CPU time of the constraint's token masks, ms per token (0 without responseFormat/grammar).
+    mask_ms_per_token: f64,
 }
 
 // ---------------------------------------------------------------- the class
@@ -702,6 +729,8 @@ async fn generate(
     on_token: Option<&Function>,
     t0: f64,
 ) -> Result<JsValue> {
+    // Bad options fail before the session is touched.
+    let gopts = opts.to_generate()?;
     let tokens = match &input {
         Input::Raw(p) => core.tok.encode(p, opts.add_special.unwrap_or(true), opts.parse_special.unwrap_or(true)),
         Input::Chat(messages) => {
@@ -725,7 +754,6 @@ async fn generate(
     }
     let suffix = &tokens[keep..];
 
-    let gopts = opts.to_generate();
     let mut js_err: Option<JsValue> = None;
     let mut first_ms: Option<f64> = None;
     let mut cb = |id: u32, text: &str| -> bool {
@@ -765,6 +793,7 @@ async fn generate(
         total_context_shifts: session.shifts,
         n_past: session.n_past(),
         context_size: session.options().n_ctx,
+        mask_ms_per_token: stats.mask_ms_per_token,
     };
     to_js(&out)
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cera_web::generate::chat::{render_for_model, ChatMessage};
+use cera_web::generate::constraint::ConstraintSpec;
 use cera_web::generate::sampler::SamplerParams;
 use cera_web::generate::score::score;
 use cera_web::generate::session::{GenerateOptions, Session, SessionOptions};
@@ -18,6 +19,7 @@ use cera_web::{Error, Result};
 pub fn usage() -> &'static str {
     "cera generate --model M.gguf --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n\
      \x20             [--repeat-penalty R] [--seed S] [--ctx N] [--n-keep N] [--chat] [--json]\n\
+     \x20             [--json-schema FILE | --json-object | --grammar FILE.gbnf|FILE.lark | --regex R]\n\
      cera tokenize --model M.gguf --text TEXT\n\
      cera score    --model M.gguf --tokens 2,818,5279,...\n\
      cera bench    --model M.gguf [--prompt-tokens 256] [--gen-tokens 128] [--runs 3] [--profile]"
@@ -35,7 +37,7 @@ impl Flags {
             let Some(name) = a.strip_prefix("--") else {
                 return Err(Error::invalid(format!("unexpected argument {a:?}\n{}", usage())));
             };
-            let bare = matches!(name, "chat" | "json" | "profile");
+            let bare = matches!(name, "chat" | "json" | "profile" | "json-object");
             if bare {
                 m.insert(name.to_string(), String::new());
                 i += 1;
@@ -95,7 +97,7 @@ pub fn generate(f: &Flags) -> Result<()> {
         seed: f.num("seed", defaults.seed)?,
         ..defaults
     };
-    let gen = GenerateOptions { max_tokens: f.num("max-tokens", 128u32)?, stop: Vec::new(), sampler };
+    let gen = GenerateOptions { max_tokens: f.num("max-tokens", 128u32)?, stop: Vec::new(), sampler, constraint: constraint_flags(f)? };
     let json = f.has("json");
     let mut out = std::io::stdout().lock();
     let stats = pollster::block_on(session.generate(&ids, &gen, &mut |id, piece| {
@@ -119,6 +121,37 @@ pub fn generate(f: &Flags) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn read_text(path: &str) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::invalid(format!("cannot read {path}: {e}")))
+}
+
+/// `--json-schema FILE`, `--json-object`, `--grammar FILE` (GBNF when it ends in `.gbnf` or
+/// defines rules with `::=`, else llguidance Lark), `--regex R`: at most one.
+fn constraint_flags(f: &Flags) -> Result<Option<ConstraintSpec>> {
+    let given = ["json-schema", "json-object", "grammar", "regex"].iter().filter(|k| f.has(k)).count();
+    if given > 1 {
+        return Err(Error::invalid("give at most one of --json-schema, --json-object, --grammar and --regex"));
+    }
+    if f.has("json-schema") {
+        let path = f.str("json-schema")?;
+        let schema = serde_json::from_str(&read_text(path)?).map_err(|e| Error::invalid(format!("{path} is not JSON: {e}")))?;
+        return Ok(Some(ConstraintSpec::JsonSchema(schema)));
+    }
+    if f.has("json-object") {
+        return Ok(Some(ConstraintSpec::JsonObject));
+    }
+    if f.has("grammar") {
+        let path = f.str("grammar")?;
+        let text = read_text(path)?;
+        let gbnf = path.ends_with(".gbnf") || (!path.ends_with(".lark") && text.contains("::="));
+        return Ok(Some(if gbnf { ConstraintSpec::Gbnf(text) } else { ConstraintSpec::Lark(text) }));
+    }
+    if f.has("regex") {
+        return Ok(Some(ConstraintSpec::Regex(f.str("regex")?.to_string())));
+    }
+    Ok(None)
 }
 
 pub fn tokenize(f: &Flags) -> Result<()> {

@@ -1,0 +1,255 @@
+// The OpenAI-shaped API over an Engine or WorkerEngine: `chat.completions.create`,
+// `completions.create`, `models.list`, and a `fetch` that answers `/v1/chat/completions`,
+// `/v1/completions` and `/v1/models` in the page (server-sent events when streaming), so the
+// official `openai` client and other OpenAI-compatible SDKs talk to the engine with no server.
+//
+// Requests are checked field by field: anything this engine cannot honour (n > 1, logprobs,
+// tools, ...) is an `INVALID_ARGUMENT`, never silently ignored.
+
+function invalid(message) {
+  const e = new Error(message);
+  e.name = 'CeraError';
+  e.code = 'INVALID_ARGUMENT';
+  return e;
+}
+
+// Fields accepted and what they become; the `null`s are accepted and have no effect here.
+const COMMON = {
+  model: null, // one model per engine: any name is taken to mean it
+  stream: null,
+  stream_options: null,
+  max_tokens: 'maxTokens',
+  max_completion_tokens: 'maxTokens',
+  temperature: 'temperature',
+  top_p: 'topP',
+  top_k: 'topK',
+  min_p: 'minP',
+  seed: 'seed',
+  stop: 'stop',
+  frequency_penalty: 'frequencyPenalty',
+  presence_penalty: 'presencePenalty',
+  repeat_penalty: 'repeatPenalty',
+  user: null,
+  n: null,
+  logprobs: null,
+  metadata: null,
+  store: null,
+};
+const CHAT_FIELDS = { ...COMMON, messages: null, response_format: 'responseFormat', tools: null, tool_choice: null, parallel_tool_calls: null };
+const COMPLETION_FIELDS = { ...COMMON, prompt: null, echo: null, suffix: null };
+
+let counter = 0;
+const newId = (prefix) => `${prefix}-${Date.now().toString(36)}${(counter++).toString(36)}`;
+const nowS = () => Math.floor(Date.now() / 1000);
+
+/** OpenAI request fields -> `generate`/`chat` options (throws INVALID_ARGUMENT on the rest). */
+function toOptions(body, allowed, what) {
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) throw invalid(`${what}: the request must be an object`);
+  const opts = { temperature: 1, topP: 1, topK: 0, minP: 0 }; // OpenAI's defaults: plain sampling at T = 1
+  for (const [k, v] of Object.entries(body)) {
+    if (!(k in allowed)) throw invalid(`${what}: '${k}' is not supported by this engine`);
+    if (v === undefined || v === null) continue;
+    if (k === 'n' && v !== 1) throw invalid(`${what}: n = ${v}: only one choice per request`);
+    if (k === 'logprobs' && v !== false) throw invalid(`${what}: logprobs are not supported`);
+    if (k === 'echo' && v !== false) throw invalid(`${what}: echo is not supported`);
+    if (k === 'suffix') throw invalid(`${what}: suffix (fill in the middle) is not supported`);
+    if ((k === 'tools' && v.length) || (k === 'tool_choice' && v !== 'none')) throw invalid(`${what}: tool calls are not supported yet`);
+    if (k === 'stream_options' && (typeof v !== 'object' || Object.keys(v).some((o) => o !== 'include_usage'))) throw invalid(`${what}: stream_options takes only include_usage`);
+    const name = allowed[k];
+    if (!name) continue;
+    if (k === 'stop') opts.stop = typeof v === 'string' ? [v] : v;
+    else opts[name] = v;
+  }
+  if (opts.temperature === 0) opts.topK = 1;
+  return opts;
+}
+
+/** OpenAI message content (a string or text parts) -> the engine's `{role, content}`. */
+function toMessages(messages) {
+  if (!Array.isArray(messages) || !messages.length) throw invalid('chat.completions: messages must be a non-empty array');
+  return messages.map((m, i) => {
+    if (!m || typeof m.role !== 'string') throw invalid(`chat.completions: messages[${i}] needs a role`);
+    let content = m.content ?? '';
+    if (Array.isArray(content)) {
+      content = content
+        .map((p, j) => {
+          if (p?.type !== 'text') throw invalid(`chat.completions: messages[${i}].content[${j}]: only text parts are supported`);
+          return p.text;
+        })
+        .join('');
+    }
+    if (typeof content !== 'string') throw invalid(`chat.completions: messages[${i}].content must be a string or text parts`);
+    const role = m.role === 'developer' ? 'system' : m.role;
+    return { role, content };
+  });
+}
+
+const finishReason = (r) => (r === 'length' ? 'length' : 'stop');
+const usageOf = (s) => ({ prompt_tokens: s.promptTokens, completion_tokens: s.generatedTokens, total_tokens: s.promptTokens + s.generatedTokens });
+
+async function modelName(engine) {
+  try {
+    const info = await engine.info();
+    return info?.model?.name || info?.model?.architecture || 'cera-web';
+  } catch {
+    return 'cera-web';
+  }
+}
+
+/** The OpenAI-shaped API of `engine` (an Engine or WorkerEngine). */
+export function openaiApi(engine) {
+  async function run(kind, body) {
+    const fields = kind === 'chat' ? CHAT_FIELDS : COMPLETION_FIELDS;
+    const what = kind === 'chat' ? 'chat.completions' : 'completions';
+    const opts = toOptions(body, fields, what);
+    const model = body.model || (await modelName(engine));
+    let stream;
+    if (kind === 'chat') {
+      stream = engine.chat(toMessages(body.messages), opts);
+    } else {
+      if (typeof body.prompt !== 'string') throw invalid('completions: prompt must be a string');
+      stream = engine.generate(body.prompt, opts);
+    }
+    return { stream, model, id: newId(kind === 'chat' ? 'chatcmpl' : 'cmpl'), created: nowS() };
+  }
+
+  async function chatCreate(body) {
+    const { stream, model, id, created } = await run('chat', body);
+    if (body.stream) return chunks('chat', stream, { model, id, created, includeUsage: !!body.stream_options?.include_usage });
+    const content = await stream.text();
+    const s = await stream.stats;
+    return {
+      id,
+      object: 'chat.completion',
+      created,
+      model,
+      choices: [{ index: 0, message: { role: 'assistant', content, refusal: null }, logprobs: null, finish_reason: finishReason(s.finishReason) }],
+      usage: usageOf(s),
+    };
+  }
+
+  async function completionCreate(body) {
+    const { stream, model, id, created } = await run('completion', body);
+    if (body.stream) return chunks('completion', stream, { model, id, created, includeUsage: !!body.stream_options?.include_usage });
+    const text = await stream.text();
+    const s = await stream.stats;
+    return {
+      id,
+      object: 'text_completion',
+      created,
+      model,
+      choices: [{ index: 0, text, logprobs: null, finish_reason: finishReason(s.finishReason) }],
+      usage: usageOf(s),
+    };
+  }
+
+  async function modelsList() {
+    const id = await modelName(engine);
+    return { object: 'list', data: [{ id, object: 'model', created: 0, owned_by: 'cera-web' }] };
+  }
+
+  const api = {
+    chat: { completions: { create: chatCreate } },
+    completions: { create: completionCreate },
+    models: { list: modelsList },
+    fetch: (input, init) => openaiFetch(api, input, init),
+  };
+  return api;
+}
+
+/** Stream chunks in OpenAI's shapes (an async iterable; `controller`-less, like the SDK's). */
+function chunks(kind, stream, { model, id, created, includeUsage }) {
+  const chat = kind === 'chat';
+  const object = chat ? 'chat.completion.chunk' : 'text_completion';
+  const base = () => ({ id, object, created, model });
+  const choice = (text, finish) =>
+    chat ? { index: 0, delta: text === null ? {} : { content: text }, logprobs: null, finish_reason: finish } : { index: 0, text: text ?? '', logprobs: null, finish_reason: finish };
+  async function* gen() {
+    if (chat) yield { ...base(), choices: [{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] };
+    try {
+      for await (const t of stream) {
+        if (t.text) yield { ...base(), choices: [choice(t.text, null)] };
+      }
+    } finally {
+      stream.stop();
+    }
+    const s = await stream.stats;
+    yield { ...base(), choices: [choice(null, finishReason(s.finishReason))], ...(includeUsage ? {} : { usage: usageOf(s) }) };
+    if (includeUsage) yield { ...base(), choices: [], usage: usageOf(s) };
+  }
+  const it = gen();
+  it.stop = () => stream.stop();
+  return it;
+}
+
+const json = (status, value) => new Response(JSON.stringify(value), { status, headers: { 'content-type': 'application/json' } });
+
+function errorResponse(e) {
+  const code = e?.code || 'INTERNAL';
+  const status = code === 'INVALID_ARGUMENT' || code === 'CONTEXT_FULL' ? 400 : 500;
+  return json(status, { error: { message: String(e?.message ?? e), type: status === 400 ? 'invalid_request_error' : 'server_error', param: null, code } });
+}
+
+/** A `fetch` answering the OpenAI REST paths with `api`. */
+async function openaiFetch(api, input, init = {}) {
+  const req = input instanceof Request ? input : null;
+  const url = new URL(req ? req.url : String(input), 'http://cera.local/');
+  const method = (init.method || req?.method || 'GET').toUpperCase();
+  const path = url.pathname.replace(/\/+$/, '');
+  try {
+    if (path.endsWith('/models')) {
+      if (method !== 'GET') return json(405, { error: { message: `${method} ${path}: use GET`, type: 'invalid_request_error' } });
+      return json(200, await api.models.list());
+    }
+    const chat = path.endsWith('/chat/completions');
+    if (!chat && !path.endsWith('/completions')) return json(404, { error: { message: `no route for ${path}`, type: 'invalid_request_error', code: 'NOT_FOUND' } });
+    if (method !== 'POST') return json(405, { error: { message: `${method} ${path}: use POST`, type: 'invalid_request_error' } });
+    let text = init.body ?? (req ? await req.text() : '');
+    if (typeof text !== 'string') text = await new Response(text).text();
+    let body;
+    try {
+      body = JSON.parse(text);
+    } catch (e) {
+      throw invalid(`the request body is not JSON: ${e.message}`);
+    }
+    const result = chat ? await api.chat.completions.create(body) : await api.completions.create(body);
+    if (!body.stream) return json(200, result);
+    const enc = new TextEncoder();
+    const sse = new ReadableStream({
+      async pull(controller) {
+        try {
+          const { value, done } = await result.next();
+          if (done) {
+            controller.enqueue(enc.encode('data: [DONE]\n\n'));
+            controller.close();
+          } else {
+            controller.enqueue(enc.encode(`data: ${JSON.stringify(value)}\n\n`));
+          }
+        } catch (e) {
+          controller.enqueue(enc.encode(`data: ${JSON.stringify({ error: { message: String(e?.message ?? e), code: e?.code || 'INTERNAL' } })}\n\n`));
+          controller.close();
+        }
+      },
+      cancel() {
+        result.return?.();
+      },
+    });
+    init.signal?.addEventListener('abort', () => result.stop(), { once: true });
+    return new Response(sse, { status: 200, headers: { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' } });
+  } catch (e) {
+    return errorResponse(e);
+  }
+}
+
+/**
+ * Give `engine` the OpenAI-shaped API: `chat.completions.create`, `completions.create`,
+ * `models.list` and `fetch` (for `new OpenAI({fetch: engine.fetch, ...})`). `engine.chat` stays
+ * callable as before.
+ */
+export function addOpenaiApi(engine, chatMethod) {
+  const api = openaiApi(engine);
+  engine.chat = Object.assign((messages, options) => chatMethod.call(engine, messages, options), { completions: api.chat.completions });
+  engine.completions = api.completions;
+  engine.models = api.models;
+  engine.fetch = api.fetch;
+}

@@ -1,0 +1,119 @@
+// The OpenAI-shaped API (js/openai.js) driven by the official `openai` npm client through
+// `engine.fetch`, streaming and not, over a scripted engine (no GPU: this checks the protocol;
+// the real model behind the same API is checked in the browser by structured.test.mjs).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import { addOpenaiApi } from '../../js/openai.js';
+
+/** An engine that answers every prompt with `pieces`, recording the options it was given. */
+function scriptedEngine(pieces, finishReason = 'stop') {
+  const calls = [];
+  const stream = (input, options) => {
+    calls.push({ input, options });
+    let i = 0;
+    let stopped = false;
+    const stats = { promptTokens: 7, generatedTokens: pieces.length, finishReason };
+    return {
+      stats: Promise.resolve(stats),
+      stop() {
+        stopped = true;
+      },
+      async next() {
+        if (stopped || i >= pieces.length) return { done: true, value: undefined };
+        return { done: false, value: { text: pieces[i++], tokenId: i } };
+      },
+      async return() {
+        stopped = true;
+        return { done: true, value: undefined };
+      },
+      [Symbol.asyncIterator]() {
+        return this;
+      },
+      async text() {
+        let s = '';
+        for await (const t of this) s += t.text;
+        return s;
+      },
+    };
+  };
+  const engine = {
+    calls,
+    chat: (m, o) => stream(m, o),
+    generate: (p, o) => stream(p, o),
+    info: async () => ({ model: { name: 'scripted', architecture: 'gemma3' } }),
+  };
+  addOpenaiApi(engine, engine.chat);
+  return engine;
+}
+
+const client = (engine) => new OpenAI({ apiKey: 'unused', baseURL: 'http://cera.local/v1', fetch: engine.fetch, dangerouslyAllowBrowser: true, maxRetries: 0 });
+
+test('openai client: chat completion, not streamed', async () => {
+  const engine = scriptedEngine(['{"a"', ': 1}']);
+  const r = await client(engine).chat.completions.create({
+    model: 'x',
+    messages: [{ role: 'developer', content: 'Be terse.' }, { role: 'user', content: [{ type: 'text', text: 'Hi' }] }],
+    max_tokens: 16,
+    temperature: 0,
+    seed: 3,
+    stop: '\n\n',
+    response_format: { type: 'json_schema', json_schema: { name: 'a', schema: { type: 'object' } } },
+  });
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(r.choices[0].message.content, '{"a": 1}');
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.deepEqual(r.usage, { prompt_tokens: 7, completion_tokens: 2, total_tokens: 9 });
+  const { input, options } = engine.calls[0];
+  assert.deepEqual(input, [{ role: 'system', content: 'Be terse.' }, { role: 'user', content: 'Hi' }]);
+  assert.equal(options.maxTokens, 16);
+  assert.equal(options.temperature, 0);
+  assert.equal(options.seed, 3);
+  assert.deepEqual(options.stop, ['\n\n']);
+  assert.deepEqual(options.responseFormat, { type: 'json_schema', json_schema: { name: 'a', schema: { type: 'object' } } });
+});
+
+test('openai client: streamed chunks, usage in the last one', async () => {
+  const engine = scriptedEngine(['Hel', 'lo', '!'], 'length');
+  const stream = await client(engine).chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], stream: true, stream_options: { include_usage: true } });
+  const chunks = [];
+  for await (const c of stream) chunks.push(c);
+  assert.equal(chunks[0].choices[0].delta.role, 'assistant');
+  assert.equal(chunks.map((c) => c.choices[0]?.delta?.content ?? '').join(''), 'Hello!');
+  assert.ok(chunks.every((c) => c.object === 'chat.completion.chunk'));
+  const fin = chunks.find((c) => c.choices[0]?.finish_reason);
+  assert.equal(fin.choices[0].finish_reason, 'length');
+  assert.deepEqual(chunks.at(-1).usage, { prompt_tokens: 7, completion_tokens: 3, total_tokens: 10 });
+});
+
+test('openai client: completions and models', async () => {
+  const engine = scriptedEngine([' Paris', '.']);
+  const c = client(engine);
+  const r = await c.completions.create({ model: 'x', prompt: 'The capital of France is', max_tokens: 4 });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.choices[0].text, ' Paris.');
+  assert.equal(engine.calls[0].input, 'The capital of France is');
+  const s = await c.completions.create({ model: 'x', prompt: 'Hi', stream: true });
+  let text = '';
+  for await (const chunk of s) text += chunk.choices[0]?.text ?? '';
+  assert.equal(text, ' Paris.');
+  const models = await c.models.list();
+  assert.equal(models.data[0].id, 'scripted');
+});
+
+test('openai client: unsupported fields are INVALID_ARGUMENT errors (HTTP 400)', async () => {
+  const engine = scriptedEngine(['x']);
+  const c = client(engine);
+  for (const extra of [{ n: 2 }, { logprobs: true }, { no_such_field: 1 }, { tools: [{ type: 'function', function: { name: 'f' } }] }]) {
+    await assert.rejects(
+      c.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], ...extra }),
+      (e) => e.status === 400 && e.code === 'INVALID_ARGUMENT' && /not supported|only one/.test(e.message),
+      JSON.stringify(extra),
+    );
+  }
+  assert.equal(engine.calls.length, 0, 'nothing ran');
+  await assert.rejects(engine.chat.completions.create({ messages: [] }), (e) => e.code === 'INVALID_ARGUMENT');
+  const r = await engine.fetch('http://cera.local/v1/nothing', { method: 'POST', body: '{}' });
+  assert.equal(r.status, 404);
+});
