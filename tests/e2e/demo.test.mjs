@@ -6,12 +6,17 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { resolve } from 'node:path';
 import { launchChromium, root, startServer } from '../../scripts/browser.mjs';
 import { splitGguf } from './gguf-split.mjs';
 
 const port = Number(process.env.CERA_E2E_PORT || 18791);
 const outDir = `${root}/test-output`;
 const MODEL = '/models/gemma-3-270m-q4_k_m.gguf';
+// On disk: the folder the server maps /models/ to (scripts/fetch-model fills it; CERA_MODELS_DIR
+// moves it, as there).
+const MODELS_DIR = process.env.CERA_MODELS_DIR ? resolve(process.env.CERA_MODELS_DIR) : `${root}/models`;
+const MODEL_FILE = `${MODELS_DIR}/${MODEL.slice('/models/'.length)}`;
 const MODEL_BYTES = 253113024;
 const oracle = JSON.parse(readFileSync(`${root}/tests/fixtures/oracle/gemma3-270m.greedy.json`, 'utf8')).prompts.capital_raw;
 // llama.cpp's greedy continuation up to its first near-tie (margin < 0.5 at step 3).
@@ -141,7 +146,7 @@ test('demo: the local file picker loads the model (a File through the worker)', 
   const { page, errors } = await newPage('/');
   await waitState(page, 'idle');
   await page.check('input[name=source][value=file]');
-  await page.setInputFiles('#model-file', `${root}${MODEL}`);
+  await page.setInputFiles('#model-file', MODEL_FILE);
   await page.uncheck('#use-cache');
   const t0 = Date.now();
   await page.click('#load');
@@ -244,10 +249,10 @@ test('js API: a dropped download resumes with a Range request', { timeout: 180_0
 });
 
 test('js API: a split GGUF (*-00001-of-00003.gguf) loads from the first part\'s URL', { timeout: 180_000 }, async () => {
-  const dir = `${root}/models/split-e2e`;
+  const dir = `${MODELS_DIR}/split-e2e`;
   mkdirSync(dir, { recursive: true });
   const t0 = Date.now();
-  splitGguf(`${root}${MODEL}`, 3, (i) => `${dir}/gemma-${String(i).padStart(5, '0')}-of-00003.gguf`);
+  splitGguf(MODEL_FILE, 3, (i) => `${dir}/gemma-${String(i).padStart(5, '0')}-of-00003.gguf`);
   log(`split into 3 parts in ${Date.now() - t0} ms`);
   try {
     const { page } = await newPage('/headless.html');
