@@ -6,7 +6,8 @@
 //!   natively), the top-1 logit and its log-probability within llama.cpp's own
 //!   batched-vs-sequential noise, and top-10 overlap everywhere;
 //! - llama.cpp's greedy continuations, teacher-forced: the argmax at every step whose margin
-//!   exceeds 0.5 (109 of 128 steps), and the top-1 logits;
+//!   exceeds 0.5 (109 of 128 steps natively; in Chrome two of the four prompts, 52 of 64), and
+//!   the top-1 logits;
 //! - the automatic context shift (n_ctx 40, n_keep 4, n_discard 16) against llama.cpp's shifted run,
 //!   teacher-forced step by step through the decode path: logits and argmax at every clear step;
 //!   then free-running generation in the same configuration gives llama.cpp's ids.
@@ -220,7 +221,11 @@ async fn greedy_teacher_forced() {
     let fx: Value = serde_json::from_str(GREEDY).unwrap();
     let mut all = Agreement::default();
     let mut want_clear = 0;
+    // In Chrome (the suite's time budget) one raw prompt and one through the chat template.
     for (name, p) in fx["prompts"].as_object().unwrap() {
+        if cfg!(target_arch = "wasm32") && !matches!(name.as_str(), "capital_raw" | "poem_chat") {
+            continue;
+        }
         let t0 = now_s();
         let prompt = ids(&p["prompt_tokens"]);
         let want = ids(&p["ids"]);
@@ -241,7 +246,8 @@ async fn greedy_teacher_forced() {
         all.clear += agree.clear;
     }
     assert_eq!(all.clear, want_clear);
-    assert!(all.clear >= 100, "only {} clear steps", all.clear);
+    let least = if cfg!(target_arch = "wasm32") { 50 } else { 100 };
+    assert!(all.clear >= least, "only {} clear steps", all.clear);
 }
 gpu_test!(gemma3_greedy_ids_teacher_forced_match_llama_cpp, greedy_teacher_forced());
 
