@@ -442,7 +442,15 @@ fn projections(weights: &LoadedModel, members: &[String], widths: &[u64]) -> Res
     let mut col = 0;
     for (m, &width) in members.iter().zip(widths) {
         let (t, first_row) = weights.rows_of(m)?;
-        let rows = weights.header.tensor(m).map(|i| i.n_rows()).unwrap_or(t.rows);
+        // The plan lists every tensor of the file (of every part of a split GGUF, whose header
+        // is only the first part's), fused or not.
+        let rows = weights
+            .plan
+            .tensors
+            .iter()
+            .find(|p| &p.name == m)
+            .map(|p| p.rows)
+            .ok_or_else(|| Error::new(ErrorCode::BadGguf, format!("{m} is not in the memory plan")))?;
         if rows != width {
             return Err(Error::new(ErrorCode::BadGguf, format!("{m} has {rows} rows, {width} expected")));
         }
