@@ -152,8 +152,7 @@ pub fn glu_down(rec: &mut Recorder, down: &GpuTensor, gate_up: &wgpu::Buffer, y:
         let g = View { buffer: gate_up, offset: 0, stride: 2 * n_ff };
         let u = View { buffer: gate_up, offset: n_ff, stride: 2 * n_ff };
         glu::prepare(rec, act, g, u, g, n, n_ff as u32)?;
-        let cfg = crate::ops::gemm::GemmConfig::for_shape(rec.ctx, down.rows, n);
-        return crate::ops::gemm::prepare_strided(rec, cfg, down, gate_up, 0, Some(2 * n_ff), y, 0, None, n);
+        return matmul::prepare_auto_strided(rec, down, gate_up, 0, Some(2 * n_ff), y, 0, None, n);
     }
     let cfg = if n == 1 { matmul::MatmulConfig::gemv_for(rec.ctx, down.ty, down.rows, down.cols) } else { matmul::MatmulConfig::gemm(rec.ctx) };
     matmul::prepare_glu_fused(rec, cfg, act, down, gate_up, 0, n_ff, 2 * n_ff, y, 0, n)
