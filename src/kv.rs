@@ -65,18 +65,30 @@ impl KvCache {
     /// A cache whose layers flagged in `conv_layers` are short-convolution layers (LFM2): each
     /// keeps `(n_ctx, width)` f32 conv rows instead of K and V (which are then a placeholder that
     /// is never bound). An empty `conv_layers` is [`KvCache::new`].
-    pub fn with_conv_rows(ctx: &GpuContext, cfg: KvCacheConfig, conv_layers: &[bool], width: u32) -> Result<Self> {
+    pub fn with_conv_rows(
+        ctx: &GpuContext,
+        cfg: KvCacheConfig,
+        conv_layers: &[bool],
+        width: u32,
+    ) -> Result<Self> {
         if !conv_layers.is_empty() && (conv_layers.len() != cfg.layer_ropes.len() || width == 0) {
-            return Err(Error::invalid("conv rows: one flag per layer and a nonzero width"));
+            return Err(Error::invalid(
+                "conv rows: one flag per layer and a nonzero width",
+            ));
         }
         let is_conv = |l: usize| conv_layers.get(l).copied().unwrap_or(false);
         if cfg.n_ctx == 0 || cfg.n_kv_heads == 0 || cfg.layer_ropes.is_empty() {
-            return Err(Error::invalid("a KV cache needs n_ctx, n_kv_heads and at least one layer"));
+            return Err(Error::invalid(
+                "a KV cache needs n_ctx, n_kv_heads and at least one layer",
+            ));
         }
         for r in &cfg.layer_ropes {
             r.validate()?;
             if r.head_dim != cfg.head_dim as usize {
-                return Err(Error::invalid(format!("rope head_dim {} != cache head_dim {}", r.head_dim, cfg.head_dim)));
+                return Err(Error::invalid(format!(
+                    "rope head_dim {} != cache head_dim {}",
+                    r.head_dim, cfg.head_dim
+                )));
             }
         }
         let cell = cfg.n_kv_heads as u64 * cfg.head_dim as u64 * 4;
@@ -99,7 +111,9 @@ impl KvCache {
         if let Some(c) = cfg.max_scratch_cells {
             scratch_cells = scratch_cells.min(c.max(1));
         }
-        let workgroup_size = ctx.limits.workgroup_size(cfg.shift_workgroup_size.unwrap_or(256));
+        let workgroup_size = ctx
+            .limits
+            .workgroup_size(cfg.shift_workgroup_size.unwrap_or(256));
         let mut layers = Vec::with_capacity(cfg.layer_ropes.len());
         let mut conv = Vec::with_capacity(cfg.layer_ropes.len());
         let row = width as u64 * 4;
@@ -118,8 +132,13 @@ impl KvCache {
         }
         for l in 0..cfg.layer_ropes.len() {
             if is_conv(l) {
-                layers.push(LayerKv { k: ctx.empty_storage("kv.k (conv layer, unused)", 16)?, v: ctx.empty_storage("kv.v (conv layer, unused)", 16)? });
-                conv.push(Some(ctx.empty_storage(&format!("kv.conv[{l}]"), conv_bytes)?));
+                layers.push(LayerKv {
+                    k: ctx.empty_storage("kv.k (conv layer, unused)", 16)?,
+                    v: ctx.empty_storage("kv.v (conv layer, unused)", 16)?,
+                });
+                conv.push(Some(
+                    ctx.empty_storage(&format!("kv.conv[{l}]"), conv_bytes)?,
+                ));
                 continue;
             }
             conv.push(None);
@@ -129,10 +148,23 @@ impl KvCache {
             });
         }
         // The shift moves conv rows through the scratch too.
-        let scratch_row = if conv.iter().any(|c| c.is_some()) { cell.max(row) } else { cell };
+        let scratch_row = if conv.iter().any(|c| c.is_some()) {
+            cell.max(row)
+        } else {
+            cell
+        };
         scratch_cells = scratch_cells.min((max / scratch_row) as u32).max(1);
         let scratch = ctx.empty_storage("kv.scratch", scratch_cells as u64 * scratch_row)?;
-        Ok(KvCache { cfg, layers, scratch, scratch_cells, workgroup_size, n_past: 0, conv, conv_width: width })
+        Ok(KvCache {
+            cfg,
+            layers,
+            scratch,
+            scratch_cells,
+            workgroup_size,
+            n_past: 0,
+            conv,
+            conv_width: width,
+        })
     }
 
     /// The conv rows of layer `layer`, `(n_ctx, width)` f32, if it is a short-convolution layer.
@@ -164,14 +196,23 @@ impl KvCache {
     pub fn advance(&mut self, n: u32) -> Result<()> {
         let to = self.n_past.checked_add(n).filter(|&t| t <= self.cfg.n_ctx);
         self.n_past = to.ok_or_else(|| {
-            Error::new(ErrorCode::ContextFull, format!("{} + {n} tokens exceed the context of {}", self.n_past, self.cfg.n_ctx))
+            Error::new(
+                ErrorCode::ContextFull,
+                format!(
+                    "{} + {n} tokens exceed the context of {}",
+                    self.n_past, self.cfg.n_ctx
+                ),
+            )
         })?;
         Ok(())
     }
 
     /// Forget the last `n` cells (their contents are overwritten when used again).
     pub fn rewind(&mut self, n: u32) -> Result<()> {
-        self.n_past = self.n_past.checked_sub(n).ok_or_else(|| Error::internal(format!("rewind {n} cells of {}", self.n_past)))?;
+        self.n_past = self
+            .n_past
+            .checked_sub(n)
+            .ok_or_else(|| Error::internal(format!("rewind {n} cells of {}", self.n_past)))?;
         Ok(())
     }
 
@@ -181,15 +222,28 @@ impl KvCache {
     }
 
     /// Write K and V rows (`(cells, n_kv_heads, head_dim)` each) at `cell` of `layer`.
-    pub fn write_cells(&self, ctx: &GpuContext, layer: usize, cell: u32, k: &[f32], v: &[f32]) -> Result<()> {
+    pub fn write_cells(
+        &self,
+        ctx: &GpuContext,
+        layer: usize,
+        cell: u32,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<()> {
         let cb = self.cell_bytes() as usize;
         let n = k.len() * 4 / cb;
-        if k.len() != v.len() || k.len() * 4 % cb != 0 || cell as usize + n > self.cfg.n_ctx as usize || layer >= self.layers.len() {
+        if k.len() != v.len()
+            || k.len() * 4 % cb != 0
+            || cell as usize + n > self.cfg.n_ctx as usize
+            || layer >= self.layers.len()
+        {
             return Err(Error::invalid("write_cells: rows do not fit the cache"));
         }
         let off = cell as u64 * cb as u64;
-        ctx.queue.write_buffer(&self.layers[layer].k, off, bytemuck::cast_slice(k));
-        ctx.queue.write_buffer(&self.layers[layer].v, off, bytemuck::cast_slice(v));
+        ctx.queue
+            .write_buffer(&self.layers[layer].k, off, bytemuck::cast_slice(k));
+        ctx.queue
+            .write_buffer(&self.layers[layer].v, off, bytemuck::cast_slice(v));
         Ok(())
     }
 
@@ -207,9 +261,16 @@ impl KvCache {
             return Ok(ShiftStats::default());
         }
         let retained = self.n_past - end;
-        let mut stats = ShiftStats { retained, ..Default::default() };
+        let mut stats = ShiftStats {
+            retained,
+            ..Default::default()
+        };
         let cell = self.cell_bytes();
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv shift") });
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("kv shift"),
+            });
 
         // One cos/sin table per distinct rope (layers sharing a rope share the table).
         let mut tables: Vec<(RopeConfig, wgpu::Buffer)> = Vec::new();
@@ -251,8 +312,21 @@ impl KvCache {
                     rope_type: rope.rope_type as u32,
                 };
                 let pbuf = ctx.uniform_buffer("kv_shift params", &params);
-                let table = &tables.iter().find(|(t, _)| t == rope).expect("table built above").1;
-                let groups = kv_shift::encode(ctx, &mut enc, self.workgroup_size, &pbuf, &params, &layer.k, &self.scratch, table)?;
+                let table = &tables
+                    .iter()
+                    .find(|(t, _)| t == rope)
+                    .expect("table built above")
+                    .1;
+                let groups = kv_shift::encode(
+                    ctx,
+                    &mut enc,
+                    self.workgroup_size,
+                    &pbuf,
+                    &params,
+                    &layer.k,
+                    &self.scratch,
+                    table,
+                )?;
                 stats.max_workgroups = stats.max_workgroups.max(groups);
                 let dst = (n_keep + t0) as u64 * cell;
                 let src = (end + t0) as u64 * cell;

@@ -28,11 +28,21 @@ pub struct RopeConfig {
 
 impl RopeConfig {
     pub fn new(head_dim: usize, freq_base: f32, rope_type: RopeType) -> Self {
-        RopeConfig { head_dim, n_rot: head_dim, freq_base, rope_type, freq_factors: None }
+        RopeConfig {
+            head_dim,
+            n_rot: head_dim,
+            freq_base,
+            rope_type,
+            freq_factors: None,
+        }
     }
 
     pub fn validate(&self) -> Result<()> {
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.n_rot % 2 != 0 || self.n_rot > self.head_dim {
+        if self.head_dim == 0
+            || self.head_dim % 2 != 0
+            || self.n_rot % 2 != 0
+            || self.n_rot > self.head_dim
+        {
             return Err(Error::invalid(format!(
                 "rope needs an even head_dim and an even n_rot <= head_dim (got {} and {})",
                 self.head_dim, self.n_rot
@@ -40,7 +50,11 @@ impl RopeConfig {
         }
         if let Some(ff) = &self.freq_factors {
             if ff.len() != self.n_rot / 2 {
-                return Err(Error::invalid(format!("rope frequency factors: {} given, {} needed", ff.len(), self.n_rot / 2)));
+                return Err(Error::invalid(format!(
+                    "rope frequency factors: {} given, {} needed",
+                    ff.len(),
+                    self.n_rot / 2
+                )));
             }
         }
         Ok(())

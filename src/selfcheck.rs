@@ -65,7 +65,14 @@ fn values(seed: u32, n: usize) -> Vec<f32> {
 }
 
 /// One shift of `n_past` cells dropping `n_discard` after `n_keep`; the max error of K.
-async fn check_one(ctx: &GpuContext, rope: RopeConfig, n_kv_heads: u32, n_past: u32, n_keep: u32, n_discard: u32) -> Result<f32> {
+async fn check_one(
+    ctx: &GpuContext,
+    rope: RopeConfig,
+    n_kv_heads: u32,
+    n_past: u32,
+    n_keep: u32,
+    n_discard: u32,
+) -> Result<f32> {
     let head_dim = rope.head_dim as u32;
     let kv_dim = (n_kv_heads * head_dim) as usize;
     let mut cache = KvCache::new(
@@ -91,7 +98,11 @@ async fn check_one(ctx: &GpuContext, rope: RopeConfig, n_kv_heads: u32, n_past: 
     let got = read_f32(ctx, cache.k(0), 0, n * kv_dim).await?;
     let mut want = Vec::with_capacity(n * kv_dim);
     for t in 0..n {
-        let src = if t < n_keep as usize { t } else { t + n_discard as usize };
+        let src = if t < n_keep as usize {
+            t
+        } else {
+            t + n_discard as usize
+        };
         let mut row = raw[src * kv_dim..(src + 1) * kv_dim].to_vec();
         rope.apply_heads(&mut row, t as f64);
         want.extend_from_slice(&row);
@@ -129,7 +140,11 @@ pub async fn run(ctx: &GpuContext) -> Result<SelfCheckReport> {
     let mut cases = Vec::new();
     for (name, rt, ff) in [
         ("NeoX, head_dim 256", RopeType::Neox, false),
-        ("NORM, head_dim 128, frequency factors", RopeType::Norm, true),
+        (
+            "NORM, head_dim 128, frequency factors",
+            RopeType::Norm,
+            true,
+        ),
     ] {
         let hd = if rt == RopeType::Neox { 256 } else { 128 };
         let mut rope = RopeConfig::new(hd, 10000.0, rt);
@@ -137,7 +152,11 @@ pub async fn run(ctx: &GpuContext) -> Result<SelfCheckReport> {
             rope.freq_factors = Some((0..hd / 2).map(|j| 1.0 + (j % 5) as f32 * 0.5).collect());
         }
         let err = check_one(ctx, rope, 2, 300, 4, 100).await?;
-        cases.push(CaseReport { name: name.into(), max_abs_error: err, passed: passes(err) });
+        cases.push(CaseReport {
+            name: name.into(),
+            max_abs_error: err,
+            passed: passes(err),
+        });
     }
     Ok(SelfCheckReport {
         adapter: ctx.adapter.name.clone(),
@@ -162,11 +181,20 @@ mod tests {
         for i in 0..3 {
             let mut got = want;
             got[i] = f32::NAN;
-            assert!(max_abs_error(&got, &want).is_nan(), "NaN at {i} was skipped");
+            assert!(
+                max_abs_error(&got, &want).is_nan(),
+                "NaN at {i} was skipped"
+            );
             assert!(!passes(max_abs_error(&got, &want)));
             assert!(!passes(max_abs_error(&want, &got)));
         }
-        assert!(!passes(max_abs_error(&[f32::INFINITY], &[f32::INFINITY])), "inf - inf is NaN");
-        assert!(!passes(max_abs_error(&want[..2], &want)), "a short readback");
+        assert!(
+            !passes(max_abs_error(&[f32::INFINITY], &[f32::INFINITY])),
+            "inf - inf is NaN"
+        );
+        assert!(
+            !passes(max_abs_error(&want[..2], &want)),
+            "a short readback"
+        );
     }
 }

@@ -24,7 +24,11 @@ const ATOL: f32 = 1e-5;
 /// Cells past the last token's position hold this: a kernel reading them would show it.
 const POISON: f32 = 1e3;
 
-const SHAPES: [SplitConfig; 3] = [SplitConfig::new(128, 32, 16), SplitConfig::new(256, 64, 8), SplitConfig::new(64, 4, 1)];
+const SHAPES: [SplitConfig; 3] = [
+    SplitConfig::new(128, 32, 16),
+    SplitConfig::new(256, 64, 8),
+    SplitConfig::new(64, 4, 1),
+];
 
 fn now_ms() -> f64 {
     #[cfg(target_arch = "wasm32")]
@@ -35,7 +39,10 @@ fn now_ms() -> f64 {
     {
         use std::sync::OnceLock;
         static T0: OnceLock<std::time::Instant> = OnceLock::new();
-        T0.get_or_init(std::time::Instant::now).elapsed().as_secs_f64() * 1e3
+        T0.get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_secs_f64()
+            * 1e3
     }
 }
 
@@ -57,11 +64,16 @@ async fn context() -> Rc<GpuContext> {
 /// Random Q, K and V for `p` on a cache of `n_ctx` cells; cells from `used` on poisoned.
 fn inputs(p: &AttentionParams, n_ctx: usize, used: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (nh, nkv, hd) = (p.n_head as usize, p.n_kv_head as usize, p.head_dim as usize);
-    let mut rng = Rng::new(0x5b1 ^ (p.pos0 as u64) << 8 ^ (p.n_tokens as u64) << 24 ^ (hd as u64) << 40 ^ nh as u64);
+    let mut rng = Rng::new(
+        0x5b1 ^ (p.pos0 as u64) << 8 ^ (p.n_tokens as u64) << 24 ^ (hd as u64) << 40 ^ nh as u64,
+    );
     let q = rng.vec(p.n_tokens as usize * nh * hd);
     let mut k = rng.vec(n_ctx * nkv * hd);
     let mut v = rng.vec(n_ctx * nkv * hd);
-    for x in k[used * nkv * hd..].iter_mut().chain(v[used * nkv * hd..].iter_mut()) {
+    for x in k[used * nkv * hd..]
+        .iter_mut()
+        .chain(v[used * nkv * hd..].iter_mut())
+    {
         *x = POISON;
     }
     (q, k, v)
@@ -81,7 +93,14 @@ fn compare(label: &str, p: &AttentionParams, got: &[f32], want: &[f32]) -> Optio
     tlog!("{label}: worst |err| {:.2e}", worst.0);
     (worst.0 > ATOL).then(|| {
         let i = worst.1;
-        format!("{label}: token {} head {} dim {}: gpu {} vs cpu {}", i / (nh * hd), (i / hd) % nh, i % hd, got[i], want[i])
+        format!(
+            "{label}: token {} head {} dim {}: gpu {} vs cpu {}",
+            i / (nh * hd),
+            (i / hd) % nh,
+            i % hd,
+            got[i],
+            want[i]
+        )
     })
 }
 
@@ -95,7 +114,9 @@ async fn check(ctx: &GpuContext, name: &str, shapes: &[SplitConfig], p: Attentio
     let qb = ctx.storage_buffer("split q", bytemuck::cast_slice(&qbuf));
     let kb = ctx.storage_buffer("split k", bytemuck::cast_slice(&k));
     let vb = ctx.storage_buffer("split v", bytemuck::cast_slice(&v));
-    let out = ctx.empty_storage("split out", (p.out_offset as u64 + q.len() as u64) * 4).unwrap();
+    let out = ctx
+        .empty_storage("split out", (p.out_offset as u64 + q.len() as u64) * 4)
+        .unwrap();
     let mut failures = Vec::new();
     let mut times = Vec::new();
     for &cfg in shapes {
@@ -103,18 +124,39 @@ async fn check(ctx: &GpuContext, name: &str, shapes: &[SplitConfig], p: Attentio
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         attention_split::encode(ctx, &mut enc, cfg, &p, &qb, &kb, &vb, &out).unwrap();
         ctx.queue.submit([enc.finish()]);
-        let got = read_f32(ctx, &out, p.out_offset as u64 * 4, want.len()).await.unwrap();
+        let got = read_f32(ctx, &out, p.out_offset as u64 * 4, want.len())
+            .await
+            .unwrap();
         times.push(format!("{:.0}", now_ms() - t0));
-        let label = format!("{name} wg {} chunk {} team {}", cfg.workgroup_size, cfg.chunk, cfg.team);
+        let label = format!(
+            "{name} wg {} chunk {} team {}",
+            cfg.workgroup_size, cfg.chunk, cfg.team
+        );
         failures.extend(compare(&label, &p, &got, &want));
     }
-    assert!(failures.is_empty(), "{name} ({p:?}):\n{}", failures.join("\n"));
-    tlog!("{name}: ms per shape (submit to readback) {}", times.join(" / "));
+    assert!(
+        failures.is_empty(),
+        "{name} ({p:?}):\n{}",
+        failures.join("\n")
+    );
+    tlog!(
+        "{name}: ms per shape (submit to readback) {}",
+        times.join(" / ")
+    );
 }
 
 /// A scale of 1/sqrt(head_dim), no window, no cap.
 fn params(n_tokens: u32, n_head: u32, n_kv_head: u32, head_dim: u32, pos0: u32) -> AttentionParams {
-    AttentionParams::new(n_tokens, n_head, n_kv_head, head_dim, pos0, 0, 1.0 / (head_dim as f32).sqrt(), 0.0)
+    AttentionParams::new(
+        n_tokens,
+        n_head,
+        n_kv_head,
+        head_dim,
+        pos0,
+        0,
+        1.0 / (head_dim as f32).sqrt(),
+        0.0,
+    )
 }
 
 async fn run(name: &str, p: AttentionParams) {
@@ -123,39 +165,149 @@ async fn run(name: &str, p: AttentionParams) {
 }
 
 // One cell: the whole range is one partial chunk (vec4 head of 256, and head_dim 2 as one vec2).
-gpu_test!(decode_1_cell_mqa_hd256, run("decode_1_cell_mqa_hd256", params(1, 4, 1, 256, 0)));
-gpu_test!(decode_1_cell_hd2, run("decode_1_cell_hd2", params(1, 2, 1, 2, 0)));
+gpu_test!(
+    decode_1_cell_mqa_hd256,
+    run("decode_1_cell_mqa_hd256", params(1, 4, 1, 256, 0))
+);
+gpu_test!(
+    decode_1_cell_hd2,
+    run("decode_1_cell_hd2", params(1, 2, 1, 2, 0))
+);
 // Exactly one chunk of the default (32) and of the 256-thread shape (64); one past it.
-gpu_test!(decode_32_cells, run("decode_32_cells", params(1, 4, 1, 256, 31)));
-gpu_test!(decode_64_cells, run("decode_64_cells", params(1, 8, 2, 64, 63)));
-gpu_test!(decode_65_cells, run("decode_65_cells", params(1, 8, 2, 64, 64)));
+gpu_test!(
+    decode_32_cells,
+    run("decode_32_cells", params(1, 4, 1, 256, 31))
+);
+gpu_test!(
+    decode_64_cells,
+    run("decode_64_cells", params(1, 8, 2, 64, 63))
+);
+gpu_test!(
+    decode_65_cells,
+    run("decode_65_cells", params(1, 8, 2, 64, 64))
+);
 // Ragged ranges: not a multiple of any chunk; odd vector counts (head_dim 66: 33 vec2; 80: 20
 // vec4).
-gpu_test!(decode_70_cells_gqa_hd64, run("decode_70_cells_gqa_hd64", params(1, 8, 2, 64, 69)));
-gpu_test!(decode_301_cells_gqa_hd256, run("decode_301_cells_gqa_hd256", params(1, 8, 2, 256, 300)));
-gpu_test!(decode_150_cells_hd66_gqa3, run("decode_150_cells_hd66_gqa3", params(1, 6, 2, 66, 149)));
-gpu_test!(decode_99_cells_mha_hd80, run("decode_99_cells_mha_hd80", params(1, 4, 4, 80, 98)));
+gpu_test!(
+    decode_70_cells_gqa_hd64,
+    run("decode_70_cells_gqa_hd64", params(1, 8, 2, 64, 69))
+);
+gpu_test!(
+    decode_301_cells_gqa_hd256,
+    run("decode_301_cells_gqa_hd256", params(1, 8, 2, 256, 300))
+);
+gpu_test!(
+    decode_150_cells_hd66_gqa3,
+    run("decode_150_cells_hd66_gqa3", params(1, 6, 2, 66, 149))
+);
+gpu_test!(
+    decode_99_cells_mha_hd80,
+    run("decode_99_cells_mha_hd80", params(1, 4, 4, 80, 98))
+);
 // Sliding windows starting mid-chunk: window 40 at 300 cells keeps 260..299 (chunks before 8 of
 // the default masked whole, chunk 8 masked in part); window 5 over 4-cell chunks.
-gpu_test!(window40_decode_300_cells, run("window40_decode_300_cells", AttentionParams { window: 40, ..params(1, 4, 1, 128, 299) }));
-gpu_test!(window5_decode_23_cells, run("window5_decode_23_cells", AttentionParams { window: 5, ..params(1, 4, 2, 64, 22) }));
+gpu_test!(
+    window40_decode_300_cells,
+    run(
+        "window40_decode_300_cells",
+        AttentionParams {
+            window: 40,
+            ..params(1, 4, 1, 128, 299)
+        }
+    )
+);
+gpu_test!(
+    window5_decode_23_cells,
+    run(
+        "window5_decode_23_cells",
+        AttentionParams {
+            window: 5,
+            ..params(1, 4, 2, 64, 22)
+        }
+    )
+);
 // Gemma 3 (4 heads, 1 KV head, head_dim 256, Q pre-scaled): local layer (window 512) and global.
 fn gemma(n_tokens: u32, pos0: u32, window: u32) -> AttentionParams {
     AttentionParams::new(n_tokens, 4, 1, 256, pos0, window, 1.0 / 16.0, 0.0)
 }
-gpu_test!(gemma_window512_decode_700_cells, run("gemma_window512_decode_700_cells", gemma(1, 699, 512)));
-gpu_test!(gemma_global_decode_700_cells, run("gemma_global_decode_700_cells", gemma(1, 699, 0)));
+gpu_test!(
+    gemma_window512_decode_700_cells,
+    run("gemma_window512_decode_700_cells", gemma(1, 699, 512))
+);
+gpu_test!(
+    gemma_global_decode_700_cells,
+    run("gemma_global_decode_700_cells", gemma(1, 699, 0))
+);
 // Soft cap (logits ~5 against a cap of 3), with and without a window.
-gpu_test!(softcap_decode, run("softcap_decode", AttentionParams { softcap: 3.0, scale: 1.0, ..params(1, 4, 2, 128, 50) }));
-gpu_test!(softcap_prefill_window, run("softcap_prefill_window", AttentionParams { softcap: 3.0, scale: 1.0, window: 6, ..params(9, 4, 1, 64, 4) }));
+gpu_test!(
+    softcap_decode,
+    run(
+        "softcap_decode",
+        AttentionParams {
+            softcap: 3.0,
+            scale: 1.0,
+            ..params(1, 4, 2, 128, 50)
+        }
+    )
+);
+gpu_test!(
+    softcap_prefill_window,
+    run(
+        "softcap_prefill_window",
+        AttentionParams {
+            softcap: 3.0,
+            scale: 1.0,
+            window: 6,
+            ..params(9, 4, 1, 64, 4)
+        }
+    )
+);
 // Prefill batches through the split kernel: each token its own range and chunk count.
-gpu_test!(prefill_t5_pos0_gqa_hd64, run("prefill_t5_pos0_gqa_hd64", params(5, 8, 2, 64, 0)));
-gpu_test!(prefill_t33_pos40_gqa_hd256, run("prefill_t33_pos40_gqa_hd256", params(33, 8, 2, 256, 40)));
-gpu_test!(prefill_t17_window512_crossing, run("prefill_t17_window512_crossing", gemma(17, 500, 512)));
-gpu_test!(prefill_t20_window4, run("prefill_t20_window4", AttentionParams { window: 4, ..params(20, 4, 2, 64, 0) }));
+gpu_test!(
+    prefill_t5_pos0_gqa_hd64,
+    run("prefill_t5_pos0_gqa_hd64", params(5, 8, 2, 64, 0))
+);
+gpu_test!(
+    prefill_t33_pos40_gqa_hd256,
+    run("prefill_t33_pos40_gqa_hd256", params(33, 8, 2, 256, 40))
+);
+gpu_test!(
+    prefill_t17_window512_crossing,
+    run("prefill_t17_window512_crossing", gemma(17, 500, 512))
+);
+gpu_test!(
+    prefill_t20_window4,
+    run(
+        "prefill_t20_window4",
+        AttentionParams {
+            window: 4,
+            ..params(20, 4, 2, 64, 0)
+        }
+    )
+);
 // Q and out at element offsets: even (vec2 path) and multiples of 4 (vec4 path).
-gpu_test!(offsets_even, run("offsets_even", AttentionParams { q_offset: 6, out_offset: 10, ..params(3, 4, 2, 64, 40) }));
-gpu_test!(offsets_vec4, run("offsets_vec4", AttentionParams { q_offset: 8, out_offset: 4, ..params(3, 4, 2, 64, 40) }));
+gpu_test!(
+    offsets_even,
+    run(
+        "offsets_even",
+        AttentionParams {
+            q_offset: 6,
+            out_offset: 10,
+            ..params(3, 4, 2, 64, 40)
+        }
+    )
+);
+gpu_test!(
+    offsets_vec4,
+    run(
+        "offsets_vec4",
+        AttentionParams {
+            q_offset: 8,
+            out_offset: 4,
+            ..params(3, 4, 2, 64, 40)
+        }
+    )
+);
 
 /// One prepared pair of dispatches (grid for 300 cells) run at several step positions through a
 /// step buffer, as a decode plan runs: a long range first (partials in every chunk), then a
@@ -170,11 +322,28 @@ async fn prepared_at_two_positions(name: &str, p0: AttentionParams, cfg: SplitCo
     let kb = ctx.storage_buffer("split k", bytemuck::cast_slice(&k));
     let vb = ctx.storage_buffer("split v", bytemuck::cast_slice(&v));
     let out = ctx.empty_storage("split out", q.len() as u64 * 4).unwrap();
-    let scratch = ctx.empty_storage("split scratch", attention_split::scratch_bytes(&p0, cfg, max_cells)).unwrap();
+    let scratch = ctx
+        .empty_storage(
+            "split scratch",
+            attention_split::scratch_bytes(&p0, cfg, max_cells),
+        )
+        .unwrap();
     let step = Step::new(&ctx, p0.n_tokens).unwrap();
     let mut rec = Recorder::new(&ctx);
     // p0.pos0 is 0: positions come from the step buffer alone.
-    attention_split::prepare(&mut rec, cfg, &p0, &qb, &kb, &vb, &out, &scratch, &step.buffer, max_cells).unwrap();
+    attention_split::prepare(
+        &mut rec,
+        cfg,
+        &p0,
+        &qb,
+        &kb,
+        &vb,
+        &out,
+        &scratch,
+        &step.buffer,
+        max_cells,
+    )
+    .unwrap();
     let prepared = rec.finish();
     let mut failures = Vec::new();
     for pos0 in [max_cells as u32 - p0.n_tokens, 37, 250] {
@@ -191,11 +360,22 @@ async fn prepared_at_two_positions(name: &str, p0: AttentionParams, cfg: SplitCo
 }
 gpu_test!(
     prepared_decode_at_three_positions,
-    prepared_at_two_positions("prepared_decode", gemma(1, 0, 0), SplitConfig::new(128, 32, 16))
+    prepared_at_two_positions(
+        "prepared_decode",
+        gemma(1, 0, 0),
+        SplitConfig::new(128, 32, 16)
+    )
 );
 gpu_test!(
     prepared_windowed_prefill_at_three_positions,
-    prepared_at_two_positions("prepared_windowed_prefill", AttentionParams { window: 30, ..params(3, 8, 2, 64, 0) }, SplitConfig::new(64, 4, 1))
+    prepared_at_two_positions(
+        "prepared_windowed_prefill",
+        AttentionParams {
+            window: 30,
+            ..params(3, 8, 2, 64, 0)
+        },
+        SplitConfig::new(64, 4, 1)
+    )
 );
 
 /// More than 65535 partial workgroups (64 heads x 1250 four-cell chunks): the 2-D grid. Window 1
@@ -206,9 +386,18 @@ gpu_test!(
 fn more_than_65535_workgroups() {
     pollster::block_on(async {
         let ctx = context().await;
-        let p = AttentionParams { window: 1, ..params(1, 64, 1, 2, 4999) };
+        let p = AttentionParams {
+            window: 1,
+            ..params(1, 64, 1, 2, 4999)
+        };
         assert!(64 * 1250 > ctx.limits.max_compute_workgroups_per_dimension);
-        check(&ctx, "more_than_65535_workgroups", &[SplitConfig::new(64, 4, 1)], p).await;
+        check(
+            &ctx,
+            "more_than_65535_workgroups",
+            &[SplitConfig::new(64, 4, 1)],
+            p,
+        )
+        .await;
     });
 }
 
@@ -220,22 +409,67 @@ async fn bad_arguments() {
     let scratch = ctx.empty_storage("split scratch", 64).unwrap();
     let cfg = SplitConfig::for_device(&ctx);
     let mut enc = ctx.device.create_command_encoder(&Default::default());
-    let mut err = |c: SplitConfig, p: AttentionParams, o: &wgpu::Buffer| attention_split::encode(&ctx, &mut enc, c, &p, &buf, &buf, &buf, o).unwrap_err().message;
+    let mut err = |c: SplitConfig, p: AttentionParams, o: &wgpu::Buffer| {
+        attention_split::encode(&ctx, &mut enc, c, &p, &buf, &buf, &buf, o)
+            .unwrap_err()
+            .message
+    };
     assert!(err(cfg, params(1, 4, 1, 7, 0), &out).contains("even"));
     assert!(err(cfg, params(1, 4, 1, 258, 0), &out).contains("at most 256"));
     assert!(err(cfg, params(1, 6, 4, 64, 0), &out).contains("multiple of n_kv_head"));
     assert!(err(cfg, params(1, 4, 1, 64, 100), &out).contains("k_cache holds 4096 bytes"));
     assert!(err(cfg, params(1, 4, 1, 64, 0), &buf).contains("other than q"));
-    assert!(err(SplitConfig { chunk: 6, ..cfg }, params(1, 4, 1, 64, 0), &out).contains("multiple of 4"));
+    assert!(err(
+        SplitConfig { chunk: 6, ..cfg },
+        params(1, 4, 1, 64, 0),
+        &out
+    )
+    .contains("multiple of 4"));
     // A scratch too small for max_cells, and one bound elsewhere too.
     let mut rec = Recorder::new(&ctx);
     let p = params(1, 4, 1, 64, 0);
-    let e = attention_split::prepare(&mut rec, cfg, &p, &buf, &buf, &buf, &out, &scratch, ctx.zero_step(), 4).unwrap_err().message;
+    let e = attention_split::prepare(
+        &mut rec,
+        cfg,
+        &p,
+        &buf,
+        &buf,
+        &buf,
+        &out,
+        &scratch,
+        ctx.zero_step(),
+        4,
+    )
+    .unwrap_err()
+    .message;
     assert!(e.contains("scratch holds 64 bytes"), "{e}");
-    let e = attention_split::prepare(&mut rec, cfg, &p, &buf, &buf, &buf, &out, &out, ctx.zero_step(), 4).unwrap_err().message;
+    let e = attention_split::prepare(
+        &mut rec,
+        cfg,
+        &p,
+        &buf,
+        &buf,
+        &buf,
+        &out,
+        &out,
+        ctx.zero_step(),
+        4,
+    )
+    .unwrap_err()
+    .message;
     assert!(e.contains("of its own"), "{e}");
     // Zero tokens is a no-op.
-    attention_split::encode(&ctx, &mut enc, cfg, &params(0, 4, 1, 64, 0), &buf, &buf, &buf, &out).unwrap();
+    attention_split::encode(
+        &ctx,
+        &mut enc,
+        cfg,
+        &params(0, 4, 1, 64, 0),
+        &buf,
+        &buf,
+        &buf,
+        &out,
+    )
+    .unwrap();
 }
 gpu_test!(bad_arguments_are_clear_errors, bad_arguments());
 
@@ -259,9 +493,20 @@ async fn timing() {
                 let t0 = now_ms();
                 let mut enc = ctx.device.create_command_encoder(&Default::default());
                 if which == 0 {
-                    attention::encode_with(&ctx, &mut enc, old_cfg, &p, &qb, &kb, &vb, &out).unwrap();
+                    attention::encode_with(&ctx, &mut enc, old_cfg, &p, &qb, &kb, &vb, &out)
+                        .unwrap();
                 } else {
-                    attention_split::encode(&ctx, &mut enc, SplitConfig::for_device(&ctx), &p, &qb, &kb, &vb, &out).unwrap();
+                    attention_split::encode(
+                        &ctx,
+                        &mut enc,
+                        SplitConfig::for_device(&ctx),
+                        &p,
+                        &qb,
+                        &kb,
+                        &vb,
+                        &out,
+                    )
+                    .unwrap();
                 }
                 ctx.queue.submit([enc.finish()]);
                 read_f32(&ctx, &out, 0, q.len()).await.unwrap();
@@ -270,7 +515,11 @@ async fn timing() {
                 }
             }
         }
-        tlog!("decode 4 x 256 over {cells} cells: attention ({old_cfg:?}) {:.2} ms, split {:.2} ms", best[0], best[1]);
+        tlog!(
+            "decode 4 x 256 over {cells} cells: attention ({old_cfg:?}) {:.2} ms, split {:.2} ms",
+            best[0],
+            best[1]
+        );
     }
 }
 gpu_test!(timing_old_vs_split, timing());

@@ -27,7 +27,12 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 fn live_buffers(ctx: &GpuContext) -> Option<isize> {
     #[cfg(not(target_arch = "wasm32"))]
     {
-        ctx.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).unwrap();
+        ctx.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .unwrap();
         Some(ctx.device.get_internal_counters().hal.buffers.read())
     }
     #[cfg(target_arch = "wasm32")]
@@ -42,7 +47,11 @@ fn heap_bytes() -> usize {
     #[cfg(target_arch = "wasm32")]
     {
         use wasm_bindgen::JsCast;
-        wasm_bindgen::memory().unchecked_into::<js_sys::WebAssembly::Memory>().buffer().unchecked_into::<js_sys::ArrayBuffer>().byte_length() as usize
+        wasm_bindgen::memory()
+            .unchecked_into::<js_sys::WebAssembly::Memory>()
+            .buffer()
+            .unchecked_into::<js_sys::ArrayBuffer>()
+            .byte_length() as usize
     }
     #[cfg(not(target_arch = "wasm32"))]
     0
@@ -53,7 +62,12 @@ async fn context() -> GpuContext {
 }
 
 fn greedy(max_tokens: u32) -> GenerateOptions {
-    GenerateOptions { max_tokens, stop: vec![], sampler: SamplerParams::greedy(), constraint: None }
+    GenerateOptions {
+        max_tokens,
+        stop: vec![],
+        sampler: SamplerParams::greedy(),
+        constraint: None,
+    }
 }
 
 /// One cycle: load, generate `n` greedy tokens, drop everything. Returns the ids and the live
@@ -62,7 +76,17 @@ async fn cycle(ctx: &Arc<GpuContext>, bytes: &[u8], n: u32) -> (Vec<u32>, Option
     let weights = common::load_bytes(ctx, bytes).unwrap();
     let tok = Arc::new(Tokenizer::from_gguf(&weights.header).unwrap());
     let model = Arc::new(Model::new(ctx, weights).await.unwrap());
-    let mut session = Session::new(ctx.clone(), model, tok, SessionOptions { n_ctx: 32, n_keep: 2, ..Default::default() }).unwrap();
+    let mut session = Session::new(
+        ctx.clone(),
+        model,
+        tok,
+        SessionOptions {
+            n_ctx: 32,
+            n_keep: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let mut ids = Vec::new();
     session
         .generate(&[1, 5, 9, 77], &greedy(n), &mut |id, _| {
@@ -85,15 +109,26 @@ async fn churn() {
     assert_eq!(first.len(), 8);
     let kept = live_buffers(&ctx);
     if let (Some(base), Some(loaded), Some(kept)) = (base, loaded, kept) {
-        assert!(loaded > kept + 10, "{loaded} buffers while loaded, {kept} after");
-        assert!(kept - base <= 2, "the first cycle left {} buffers", kept - base);
+        assert!(
+            loaded > kept + 10,
+            "{loaded} buffers while loaded, {kept} after"
+        );
+        assert!(
+            kept - base <= 2,
+            "the first cycle left {} buffers",
+            kept - base
+        );
     }
     let mut heap_after_10 = 0;
     for i in 1..100 {
         let (ids, live) = cycle(&ctx, &bytes, 8).await;
         assert_eq!(ids, first, "cycle {i}: a fresh load generates the same ids");
         assert_eq!(live, loaded, "cycle {i}: buffers while loaded");
-        assert_eq!(live_buffers(&ctx), kept, "cycle {i}: live GPU buffers after dropping everything");
+        assert_eq!(
+            live_buffers(&ctx),
+            kept,
+            "cycle {i}: live GPU buffers after dropping everything"
+        );
         if i == 10 {
             heap_after_10 = heap_bytes();
         }
@@ -105,7 +140,10 @@ async fn churn() {
         heap >> 10,
         now_s() - t0
     );
-    assert_eq!(heap, heap_after_10, "the wasm heap grew between cycle 10 and 100");
+    assert_eq!(
+        heap, heap_after_10,
+        "the wasm heap grew between cycle 10 and 100"
+    );
 
     // Loads cut off at random points of the stream (as an abort or a dropped connection would),
     // then dropped: nothing stays on the GPU.
@@ -122,7 +160,12 @@ async fn churn() {
         }
         let during = live_buffers(&ctx);
         drop(loader);
-        assert_eq!(live_buffers(&ctx), kept, "abort {i} at byte {cut} of {} ({during:?} buffers live at the abort)", bytes.len());
+        assert_eq!(
+            live_buffers(&ctx),
+            kept,
+            "abort {i} at byte {cut} of {} ({during:?} buffers live at the abort)",
+            bytes.len()
+        );
     }
     // A cut stream that is finished anyway is refused, and leaves nothing either.
     let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
@@ -136,7 +179,11 @@ async fn churn() {
     let tok = Arc::new(Tokenizer::from_gguf(&weights.header).unwrap());
     let model = Arc::new(Model::new(&ctx, weights).await.unwrap());
     let prompt = [1u32, 5, 9, 77];
-    let opts = SessionOptions { n_ctx: 32, n_keep: 2, ..Default::default() };
+    let opts = SessionOptions {
+        n_ctx: 32,
+        n_keep: 2,
+        ..Default::default()
+    };
     let mut want = Vec::new();
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts.clone()).unwrap();
     let stats = session
@@ -152,7 +199,8 @@ async fn churn() {
     assert_eq!(want[..8], first[..]);
     for i in 0..20 {
         let stop_after = 1 + (rng.next_u64() % 30) as usize;
-        let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts.clone()).unwrap();
+        let mut session =
+            Session::new(ctx.clone(), model.clone(), tok.clone(), opts.clone()).unwrap();
         let mut ids = Vec::new();
         let stats = session
             .generate(&prompt, &greedy(40), &mut |id, _| {
@@ -161,10 +209,17 @@ async fn churn() {
             })
             .await
             .unwrap();
-        assert_eq!((stats.finish_reason.as_str(), ids.len()), ("aborted", stop_after), "stop {i}");
+        assert_eq!(
+            (stats.finish_reason.as_str(), ids.len()),
+            ("aborted", stop_after),
+            "stop {i}"
+        );
         // The last id handed out was not fed: it is the next call's prompt.
         // (A shift drops 15 cells: half of the 30 after n_keep.)
-        assert_eq!(session.tokens().len() + 15 * session.shifts as usize, prompt.len() + stop_after - 1);
+        assert_eq!(
+            session.tokens().len() + 15 * session.shifts as usize,
+            prompt.len() + stop_after - 1
+        );
         let last = *ids.last().unwrap();
         session
             .generate(&[last], &greedy(40 - stop_after as u32), &mut |id, _| {
@@ -173,10 +228,16 @@ async fn churn() {
             })
             .await
             .unwrap();
-        assert_eq!(ids, want, "stop {i} after {stop_after}: the continuation differs from an uninterrupted run");
+        assert_eq!(
+            ids, want,
+            "stop {i} after {stop_after}: the continuation differs from an uninterrupted run"
+        );
     }
     drop(model);
     assert_eq!(live_buffers(&ctx), kept, "after the stopped generations");
-    tlog!("churn: 20 loads cut at random bytes, 20 generations stopped at random steps, {:.1} s", now_s() - t1);
+    tlog!(
+        "churn: 20 loads cut at random bytes, 20 generations stopped at random steps, {:.1} s",
+        now_s() - t1
+    );
 }
 gpu_test!(churn_cycles_aborts_and_stops_leave_no_gpu_buffers, churn());

@@ -37,7 +37,11 @@ const TOLERANCE: &[(GgmlType, f64)] = &[
 ];
 
 fn tolerance(ty: GgmlType) -> f64 {
-    TOLERANCE.iter().find(|(t, _)| *t == ty).map(|(_, v)| *v).expect("every type has a tolerance")
+    TOLERANCE
+        .iter()
+        .find(|(t, _)| *t == ty)
+        .map(|(_, v)| *v)
+        .expect("every type has a tolerance")
 }
 
 /// Every standard tile (8 x 8, 8 x 4 and 4 x 4 per thread), one with 4 x 8, one with BK 32 and
@@ -55,7 +59,10 @@ fn tiles(ctx: &GpuContext) -> Vec<GemmConfig> {
         GemmConfig::new(64, 128, 16, 4, 8),
         GemmConfig::new(16, 8, 8, 4, 4),
     ];
-    let mut v: Vec<GemmConfig> = all.into_iter().filter(|c| c.check(&ctx.limits).is_ok()).collect();
+    let mut v: Vec<GemmConfig> = all
+        .into_iter()
+        .filter(|c| c.check(&ctx.limits).is_ok())
+        .collect();
     assert!(v.contains(&GemmConfig::for_device(ctx)));
     assert!(v.contains(&GemmConfig::for_shape(ctx, 37, 7)));
     v.dedup();
@@ -71,16 +78,38 @@ const SENTINEL: f32 = -777.0;
 
 /// Run every tile on `w` (X rows `x_stride` apart) and return, per tile, its Y region
 /// `(Y_OFF + n_tokens * y_stride)`.
-async fn run_tiles(ctx: &GpuContext, tiles: &[GemmConfig], w: &GpuTensor, xs: &[f32], x_stride: u64, n_tokens: u32) -> Vec<Vec<f32>> {
+async fn run_tiles(
+    ctx: &GpuContext,
+    tiles: &[GemmConfig],
+    w: &GpuTensor,
+    xs: &[f32],
+    x_stride: u64,
+    n_tokens: u32,
+) -> Vec<Vec<f32>> {
     let x = ctx.storage_buffer("x", bytemuck::cast_slice(xs));
     let y_stride = w.rows + Y_PAD;
     let region = (Y_OFF + n_tokens as u64 * y_stride) as usize;
-    let y = ctx.storage_buffer("y", bytemuck::cast_slice(&vec![SENTINEL; region * tiles.len()]));
+    let y = ctx.storage_buffer(
+        "y",
+        bytemuck::cast_slice(&vec![SENTINEL; region * tiles.len()]),
+    );
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     for (i, cfg) in tiles.iter().enumerate() {
         let y_off = (i * region) as u64 + Y_OFF;
         let mut rec = Recorder::new(ctx);
-        gemm::prepare_strided(&mut rec, *cfg, w, &x, X_OFF, Some(x_stride), &y, y_off, Some(y_stride), n_tokens).unwrap();
+        gemm::prepare_strided(
+            &mut rec,
+            *cfg,
+            w,
+            &x,
+            X_OFF,
+            Some(x_stride),
+            &y,
+            y_off,
+            Some(y_stride),
+            n_tokens,
+        )
+        .unwrap();
         rec.encode(&mut enc).unwrap();
     }
     ctx.queue.submit([enc.finish()]);
@@ -112,7 +141,12 @@ fn check(
             for r in 0..rows {
                 let wr = &wf[r * cols..(r + 1) * cols];
                 let want: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let scale: f64 = wr.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum::<f64>().max(1e-30);
+                let scale: f64 = wr
+                    .iter()
+                    .zip(xt)
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum::<f64>()
+                    .max(1e-30);
                 let i = Y_OFF as usize + t * y_stride + r;
                 written[i] = true;
                 let v = run[i] as f64;
@@ -126,7 +160,10 @@ fn check(
             }
         }
         for (i, (&v, &out)) in run.iter().zip(&written).enumerate() {
-            assert!(out || v == SENTINEL, "{ty} {what} tile {cfg:?}: element {i} outside Y was written ({v})");
+            assert!(
+                out || v == SENTINEL,
+                "{ty} {what} tile {cfg:?}: element {i} outside Y was written ({v})"
+            );
         }
     }
     worst
@@ -139,7 +176,11 @@ async fn check_type(ty: GgmlType) {
     let float = be == 1;
     // (rows, cols): one row of one block (or of 5 values); rows no tile divides with K tails for
     // floats; more rows than the largest tile's 128.
-    let cases: [(u64, u64); 3] = if float { [(1, 5), (37, 4099), (130, 33)] } else { [(1, be), (37, 4096), (130, 2 * be)] };
+    let cases: [(u64, u64); 3] = if float {
+        [(1, 5), (37, 4099), (130, 33)]
+    } else {
+        [(1, be), (37, 4096), (130, 2 * be)]
+    };
     let mut rng = Rng::new(ty.id() as u64 + 7);
     let mut worst = 0.0f64;
     for (ci, &(rows, cols)) in cases.iter().enumerate() {
@@ -152,7 +193,9 @@ async fn check_type(ty: GgmlType) {
             let xs = rng.vec((X_OFF + n_tokens as u64 * x_stride) as usize);
             let got = run_tiles(&ctx, &tiles, &w, &xs, x_stride, n_tokens).await;
             let what = format!("{rows}x{cols} tokens {n_tokens} x stride {x_stride}");
-            worst = worst.max(check(ty, &what, &tiles, &wf, &xs, rows, cols, x_stride, n_tokens, &got));
+            worst = worst.max(check(
+                ty, &what, &tiles, &wf, &xs, rows, cols, x_stride, n_tokens, &got,
+            ));
         }
     }
 
@@ -162,7 +205,16 @@ async fn check_type(ty: GgmlType) {
     let bytes = synthetic_rows(ty, cols, rows, 999);
     let wf = dequantize_to_vec(ty, &bytes).unwrap();
     let whole = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
-    let split = upload_tensor(&ctx, "w split", ty, cols, rows, &bytes, 15 * whole.row_bytes + 4).unwrap();
+    let split = upload_tensor(
+        &ctx,
+        "w split",
+        ty,
+        cols,
+        rows,
+        &bytes,
+        15 * whole.row_bytes + 4,
+    )
+    .unwrap();
     assert_eq!(whole.parts.len(), 1);
     assert_eq!(split.parts.len(), 3, "{ty}: the split plan");
     for n_tokens in [7u32, 65] {
@@ -170,7 +222,9 @@ async fn check_type(ty: GgmlType) {
         let a = run_tiles(&ctx, &tiles, &whole, &xs, cols, n_tokens).await;
         let b = run_tiles(&ctx, &tiles, &split, &xs, cols, n_tokens).await;
         assert_eq!(a, b, "{ty}: split and unsplit differ ({n_tokens} tokens)");
-        worst = worst.max(check(ty, "split", &tiles, &wf, &xs, rows, cols, cols, n_tokens, &b));
+        worst = worst.max(check(
+            ty, "split", &tiles, &wf, &xs, rows, cols, cols, n_tokens, &b,
+        ));
     }
     tlog!(
         "gemm {ty}: worst relative error {worst:.2e} (tolerance {:.0e}), {} tiles, adapter {:?}",
@@ -205,7 +259,18 @@ gpu_test!(gemm_grid_beyond_65535_workgroups, async {
     let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
     let xs = Rng::new(3).vec((X_OFF + n_tokens as u64 * cols) as usize);
     let got = run_tiles(&ctx, &[cfg], &w, &xs, cols, n_tokens).await;
-    let worst = check(ty, "grid", &[cfg], &wf, &xs, rows, cols, cols, n_tokens, &got);
+    let worst = check(
+        ty,
+        "grid",
+        &[cfg],
+        &wf,
+        &xs,
+        rows,
+        cols,
+        cols,
+        n_tokens,
+        &got,
+    );
     tlog!("gemm grid: {groups} workgroups, worst relative error {worst:.2e}");
 });
 
@@ -214,14 +279,35 @@ gpu_test!(gemm_grid_beyond_65535_workgroups, async {
 gpu_test!(gemm_refuses_bad_arguments, async {
     let ctx = common::context().await;
     let ty = GgmlType::Q8_0;
-    let w = upload_tensor(&ctx, "w", ty, 32, 4, &synthetic_rows(ty, 32, 4, 1), ctx.limits.max_binding()).unwrap();
+    let w = upload_tensor(
+        &ctx,
+        "w",
+        ty,
+        32,
+        4,
+        &synthetic_rows(ty, 32, 4, 1),
+        ctx.limits.max_binding(),
+    )
+    .unwrap();
     let x = ctx.empty_storage("x", 32 * 4).unwrap();
     let y = ctx.empty_storage("y", 16 * 4).unwrap();
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     let huge = GemmConfig::new(256, 256, 64, 8, 8);
     let e = gemm::encode(&ctx, &mut enc, huge, &w, &x, 0, &y, 0, None, 1).unwrap_err();
     assert_eq!(e.code, cera_web::ErrorCode::InvalidArgument);
-    let e = gemm::encode(&ctx, &mut enc, GemmConfig::for_device(&ctx), &w, &x, 0, &y, 0, Some(3), 1).unwrap_err();
+    let e = gemm::encode(
+        &ctx,
+        &mut enc,
+        GemmConfig::for_device(&ctx),
+        &w,
+        &x,
+        0,
+        &y,
+        0,
+        Some(3),
+        1,
+    )
+    .unwrap_err();
     assert_eq!(e.code, cera_web::ErrorCode::InvalidArgument);
     assert!(gemm::key(GgmlType::Q2K, GemmConfig::TILE_64X64).is_err());
 });

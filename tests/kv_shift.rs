@@ -4,8 +4,8 @@
 
 mod common;
 
-use cera_web::gpu::readback::read_f32;
 use cera_web::generate::session::now_s;
+use cera_web::gpu::readback::read_f32;
 use cera_web::gpu::{GpuContext, LimitRequest};
 use cera_web::kv::{KvCache, KvCacheConfig};
 use cera_web::rope::{RopeConfig, RopeType};
@@ -32,7 +32,14 @@ struct Case {
 }
 
 impl Case {
-    fn new(rope: RopeType, head_dim: u32, n_kv_heads: u32, n_past: u32, n_keep: u32, n_discard: u32) -> Self {
+    fn new(
+        rope: RopeType,
+        head_dim: u32,
+        n_kv_heads: u32,
+        n_past: u32,
+        n_keep: u32,
+        n_discard: u32,
+    ) -> Self {
         Case {
             rope,
             freq_factors: false,
@@ -55,7 +62,11 @@ impl Case {
         let mut r = RopeConfig::new(self.head_dim as usize, base, self.rope);
         r.n_rot = self.n_rot as usize;
         if self.freq_factors {
-            r.freq_factors = Some((0..self.n_rot / 2).map(|j| 1.0 + (j % 7) as f32 * 0.75).collect());
+            r.freq_factors = Some(
+                (0..self.n_rot / 2)
+                    .map(|j| 1.0 + (j % 7) as f32 * 0.75)
+                    .collect(),
+            );
         }
         r
     }
@@ -81,8 +92,12 @@ struct Data {
 fn make_data(c: &Case, seed: u64) -> Data {
     let kv_dim = (c.n_kv_heads * c.head_dim) as usize;
     let mut rng = Rng::new(seed);
-    let raw_k = (0..c.layers).map(|_| rng.vec(c.n_past as usize * kv_dim)).collect();
-    let v = (0..c.layers).map(|_| rng.vec(c.n_past as usize * kv_dim)).collect();
+    let raw_k = (0..c.layers)
+        .map(|_| rng.vec(c.n_past as usize * kv_dim))
+        .collect();
+    let v = (0..c.layers)
+        .map(|_| rng.vec(c.n_past as usize * kv_dim))
+        .collect();
     Data { raw_k, v }
 }
 
@@ -106,7 +121,9 @@ async fn check_case(ctx: &GpuContext, c: &Case) {
     let mut cache = KvCache::new(ctx, c.cache_cfg()).expect("cache");
     for l in 0..c.layers {
         let k = roped(c, l, &data.raw_k[l as usize], 0);
-        cache.write_cells(ctx, l as usize, 0, &k, &data.v[l as usize]).unwrap();
+        cache
+            .write_cells(ctx, l as usize, 0, &k, &data.v[l as usize])
+            .unwrap();
     }
     cache.advance(c.n_past).unwrap();
     let stats = cache.shift(ctx, c.n_keep, c.n_discard).expect("shift");
@@ -115,8 +132,12 @@ async fn check_case(ctx: &GpuContext, c: &Case) {
     assert_eq!(stats.retained, c.n_past - c.n_keep - c.n_discard);
 
     for l in 0..c.layers {
-        let got_k = read_f32(ctx, cache.k(l as usize), 0, n_after as usize * kv_dim).await.unwrap();
-        let got_v = read_f32(ctx, cache.v(l as usize), 0, n_after as usize * kv_dim).await.unwrap();
+        let got_k = read_f32(ctx, cache.k(l as usize), 0, n_after as usize * kv_dim)
+            .await
+            .unwrap();
+        let got_v = read_f32(ctx, cache.v(l as usize), 0, n_after as usize * kv_dim)
+            .await
+            .unwrap();
         // Expected: kept cells untouched; retained raw rows roped at their new positions.
         let keep = c.n_keep as usize * kv_dim;
         let raw = &data.raw_k[l as usize];
@@ -158,34 +179,102 @@ use RopeType::{Neox, Norm};
 
 gpu_test!(neox_hd64_one_head, run(Case::new(Neox, 64, 1, 40, 4, 9)));
 gpu_test!(norm_hd64_one_head, run(Case::new(Norm, 64, 1, 40, 4, 9)));
-gpu_test!(neox_hd128_four_heads, run(Case::new(Neox, 128, 4, 33, 2, 5)));
-gpu_test!(norm_hd128_four_heads, run(Case::new(Norm, 128, 4, 33, 2, 5)));
-gpu_test!(neox_hd256_eight_heads, run(Case::new(Neox, 256, 8, 21, 1, 6)));
-gpu_test!(norm_hd256_eight_heads, run(Case::new(Norm, 256, 8, 21, 1, 6)));
-gpu_test!(neox_freq_factors, run(Case { freq_factors: true, ..Case::new(Neox, 128, 2, 30, 3, 7) }));
-gpu_test!(norm_freq_factors, run(Case { freq_factors: true, ..Case::new(Norm, 128, 2, 30, 3, 7) }));
-gpu_test!(hd256_freq_factors_three_heads, run(Case { freq_factors: true, ..Case::new(Norm, 256, 3, 19, 0, 4) }));
+gpu_test!(
+    neox_hd128_four_heads,
+    run(Case::new(Neox, 128, 4, 33, 2, 5))
+);
+gpu_test!(
+    norm_hd128_four_heads,
+    run(Case::new(Norm, 128, 4, 33, 2, 5))
+);
+gpu_test!(
+    neox_hd256_eight_heads,
+    run(Case::new(Neox, 256, 8, 21, 1, 6))
+);
+gpu_test!(
+    norm_hd256_eight_heads,
+    run(Case::new(Norm, 256, 8, 21, 1, 6))
+);
+gpu_test!(
+    neox_freq_factors,
+    run(Case {
+        freq_factors: true,
+        ..Case::new(Neox, 128, 2, 30, 3, 7)
+    })
+);
+gpu_test!(
+    norm_freq_factors,
+    run(Case {
+        freq_factors: true,
+        ..Case::new(Norm, 128, 2, 30, 3, 7)
+    })
+);
+gpu_test!(
+    hd256_freq_factors_three_heads,
+    run(Case {
+        freq_factors: true,
+        ..Case::new(Norm, 256, 3, 19, 0, 4)
+    })
+);
 // Retained counts: 0, 1 and odd.
 gpu_test!(retained_zero, run(Case::new(Neox, 64, 2, 20, 5, 15)));
 gpu_test!(retained_one, run(Case::new(Norm, 64, 2, 20, 5, 14)));
 gpu_test!(retained_odd, run(Case::new(Neox, 128, 5, 30, 2, 5)));
 // n_keep 0 and > 0 (above); shift larger than the retained count.
 gpu_test!(keep_zero, run(Case::new(Norm, 128, 1, 25, 0, 10)));
-gpu_test!(shift_larger_than_retained, run(Case::new(Neox, 64, 3, 40, 3, 30)));
+gpu_test!(
+    shift_larger_than_retained,
+    run(Case::new(Neox, 64, 3, 40, 3, 30))
+);
 // Partial rotary (n_rot < head_dim): the tail moves unrotated.
-gpu_test!(partial_rotary_neox, run(Case { n_rot: 32, ..Case::new(Neox, 64, 2, 24, 2, 5) }));
-gpu_test!(partial_rotary_norm, run(Case { n_rot: 32, ..Case::new(Norm, 64, 2, 24, 2, 5) }));
+gpu_test!(
+    partial_rotary_neox,
+    run(Case {
+        n_rot: 32,
+        ..Case::new(Neox, 64, 2, 24, 2, 5)
+    })
+);
+gpu_test!(
+    partial_rotary_norm,
+    run(Case {
+        n_rot: 32,
+        ..Case::new(Norm, 64, 2, 24, 2, 5)
+    })
+);
 // No rope at all (SmolLM3's every fourth layer): K cells move unrotated.
-gpu_test!(no_rope_layer, run(Case { n_rot: 0, ..Case::new(Norm, 64, 2, 24, 2, 5) }));
+gpu_test!(
+    no_rope_layer,
+    run(Case {
+        n_rot: 0,
+        ..Case::new(Norm, 64, 2, 24, 2, 5)
+    })
+);
 // Several layers with different rope bases, and a scratch smaller than the retained range
 // (the shift runs in ascending chunks).
-gpu_test!(layers_and_chunked_scratch, run(Case { layers: 3, max_scratch_cells: Some(4), ..Case::new(Neox, 64, 2, 40, 3, 2) }));
-gpu_test!(chunks_with_shift_of_one, run(Case { max_scratch_cells: Some(3), ..Case::new(Norm, 64, 1, 17, 1, 1) }));
+gpu_test!(
+    layers_and_chunked_scratch,
+    run(Case {
+        layers: 3,
+        max_scratch_cells: Some(4),
+        ..Case::new(Neox, 64, 2, 40, 3, 2)
+    })
+);
+gpu_test!(
+    chunks_with_shift_of_one,
+    run(Case {
+        max_scratch_cells: Some(3),
+        ..Case::new(Norm, 64, 1, 17, 1, 1)
+    })
+);
 
 /// Shifting by a then b equals shifting by a + b.
 async fn composition() {
     let ctx = common::context().await;
-    let c = Case { freq_factors: true, layers: 2, ..Case::new(Neox, 128, 2, 50, 4, 0) };
+    let c = Case {
+        freq_factors: true,
+        layers: 2,
+        ..Case::new(Neox, 128, 2, 50, 4, 0)
+    };
     let kv_dim = (c.n_kv_heads * c.head_dim) as usize;
     let data = make_data(&c, 77);
     let mut one = KvCache::new(&ctx, c.cache_cfg()).unwrap();
@@ -193,7 +282,9 @@ async fn composition() {
     for cache in [&mut one, &mut two] {
         for l in 0..c.layers {
             let k = roped(&c, l, &data.raw_k[l as usize], 0);
-            cache.write_cells(&ctx, l as usize, 0, &k, &data.v[l as usize]).unwrap();
+            cache
+                .write_cells(&ctx, l as usize, 0, &k, &data.v[l as usize])
+                .unwrap();
         }
         cache.advance(c.n_past).unwrap();
     }
@@ -202,13 +293,24 @@ async fn composition() {
     one.shift(&ctx, 4, 18).unwrap();
     assert_eq!(one.n_past(), two.n_past());
     for l in 0..c.layers as usize {
-        let a = read_f32(&ctx, one.k(l), 0, one.n_past() as usize * kv_dim).await.unwrap();
-        let b = read_f32(&ctx, two.k(l), 0, two.n_past() as usize * kv_dim).await.unwrap();
+        let a = read_f32(&ctx, one.k(l), 0, one.n_past() as usize * kv_dim)
+            .await
+            .unwrap();
+        let b = read_f32(&ctx, two.k(l), 0, two.n_past() as usize * kv_dim)
+            .await
+            .unwrap();
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            assert!((x - y).abs() <= 2.0 * ATOL, "layer {l} elem {i}: {x} vs {y}");
+            assert!(
+                (x - y).abs() <= 2.0 * ATOL,
+                "layer {l} elem {i}: {x} vs {y}"
+            );
         }
-        let va = read_f32(&ctx, one.v(l), 0, one.n_past() as usize * kv_dim).await.unwrap();
-        let vb = read_f32(&ctx, two.v(l), 0, two.n_past() as usize * kv_dim).await.unwrap();
+        let va = read_f32(&ctx, one.v(l), 0, one.n_past() as usize * kv_dim)
+            .await
+            .unwrap();
+        let vb = read_f32(&ctx, two.v(l), 0, two.n_past() as usize * kv_dim)
+            .await
+            .unwrap();
         assert_eq!(va, vb);
     }
 }
@@ -227,7 +329,9 @@ async fn bad_arguments() {
     assert_eq!(e.code, cera_web::ErrorCode::ContextFull);
     let mut big = c.cache_cfg();
     big.n_ctx = u32::MAX / 256;
-    let e = KvCache::new(&ctx, big).err().expect("too large for any binding");
+    let e = KvCache::new(&ctx, big)
+        .err()
+        .expect("too large for any binding");
     assert_eq!(e.code, cera_web::ErrorCode::AdapterTooSmall);
     assert!(e.message.contains("binding limit"), "{e}");
 }
@@ -243,14 +347,22 @@ gpu_test!(bad_arguments_are_clear_errors, bad_arguments());
 /// Data is made, written and checked in slices of cells, so the host never holds a whole layer.
 async fn many_workgroups() {
     let ctx = GpuContext::new(&LimitRequest::default()).await.unwrap();
-    let wg: u32 = if cfg!(target_arch = "wasm32") { 256 } else { 64 };
+    let wg: u32 = if cfg!(target_arch = "wasm32") {
+        256
+    } else {
+        64
+    };
     let (head_dim, n_kv_heads) = (256u32, 1u32);
     let per_cell = (n_kv_heads * head_dim / 2) as u64;
     // Enough retained cells for 20% more than 65535 workgroups.
     let retained = (65535u64 * wg as u64 * 6 / 5).div_ceil(per_cell) as u32;
     let (n_keep, n_discard) = (7u32, 1000u32);
     let n_past = n_keep + n_discard + retained;
-    let c = Case { workgroup_size: Some(wg), n_ctx: n_past, ..Case::new(Neox, head_dim, n_kv_heads, n_past, n_keep, n_discard) };
+    let c = Case {
+        workgroup_size: Some(wg),
+        n_ctx: n_past,
+        ..Case::new(Neox, head_dim, n_kv_heads, n_past, n_keep, n_discard)
+    };
     let kv_dim = (n_kv_heads * head_dim) as usize;
     let t0 = now_s();
     tlog!(
@@ -263,7 +375,10 @@ async fn many_workgroups() {
     // Element `i` of cell `s`'s K (`salt` 0) or V (1) before the shift: a hash of the three, in
     // [-1, 1) (cheap enough for 80 M values in a debug wasm build, no state to replay).
     let val = |s: u32, i: usize, salt: u32| {
-        let mut h = (s.wrapping_mul(0x9E37_79B1) ^ (i as u32).wrapping_mul(0x85EB_CA77) ^ salt.wrapping_mul(0xC2B2_AE3D)).wrapping_add(0x27D4_EB2F);
+        let mut h = (s.wrapping_mul(0x9E37_79B1)
+            ^ (i as u32).wrapping_mul(0x85EB_CA77)
+            ^ salt.wrapping_mul(0xC2B2_AE3D))
+        .wrapping_add(0x27D4_EB2F);
         h ^= h >> 15;
         h = h.wrapping_mul(0x2C1B_3C6D);
         h ^= h >> 12;
@@ -272,47 +387,75 @@ async fn many_workgroups() {
     const SLICE: u32 = 4096;
     for s0 in (0..n_past).step_by(SLICE as usize) {
         let cells = s0..(s0 + SLICE).min(n_past);
-        let k: Vec<f32> = cells.clone().flat_map(|s| (0..kv_dim).map(move |i| val(s, i, 0))).collect();
-        let v: Vec<f32> = cells.flat_map(|s| (0..kv_dim).map(move |i| val(s, i, 1))).collect();
+        let k: Vec<f32> = cells
+            .clone()
+            .flat_map(|s| (0..kv_dim).map(move |i| val(s, i, 0)))
+            .collect();
+        let v: Vec<f32> = cells
+            .flat_map(|s| (0..kv_dim).map(move |i| val(s, i, 1)))
+            .collect();
         cache.write_cells(&ctx, 0, s0, &k, &v).unwrap();
     }
     cache.advance(n_past).unwrap();
     let stats = cache.shift(&ctx, n_keep, n_discard).unwrap();
-    tlog!("many_workgroups: max workgroups in one dispatch = {} (wg {wg}), chunks {}", stats.max_workgroups, stats.chunks);
-    assert!(stats.max_workgroups > 65535, "only {} workgroups", stats.max_workgroups);
+    tlog!(
+        "many_workgroups: max workgroups in one dispatch = {} (wg {wg}), chunks {}",
+        stats.max_workgroups,
+        stats.chunks
+    );
+    assert!(
+        stats.max_workgroups > 65535,
+        "only {} workgroups",
+        stats.max_workgroups
+    );
     assert_eq!(stats.chunks, 1);
     assert_eq!(cache.n_past(), n_past - n_discard);
 
     // A moved cell must be R(-n_discard) of its source: cos/sin in f64, independent of the
     // kernel's table; V moves bit-exactly, kept cells stay bit-exact.
     let rope = c.rope_cfg(0);
-    let rot: Vec<(f64, f64)> = (0..rope.n_rot / 2).map(|j| (-(n_discard as f64) * rope.theta(j)).sin_cos()).collect();
+    let rot: Vec<(f64, f64)> = (0..rope.n_rot / 2)
+        .map(|j| (-(n_discard as f64) * rope.theta(j)).sin_cos())
+        .collect();
     // Retained cells whose pairs straddle linear workgroup 65,535 (one invocation per pair).
     let boundary = (65535 * wg as u64 / per_cell) as u32 + n_keep;
     let mut checked = 0u32;
     for t0_ in (0..cache.n_past()).step_by(SLICE as usize) {
         let n = SLICE.min(cache.n_past() - t0_);
         let off = t0_ as u64 * kv_dim as u64 * 4;
-        let got_k = read_f32(&ctx, cache.k(0), off, n as usize * kv_dim).await.unwrap();
-        let got_v = read_f32(&ctx, cache.v(0), off, n as usize * kv_dim).await.unwrap();
+        let got_k = read_f32(&ctx, cache.k(0), off, n as usize * kv_dim)
+            .await
+            .unwrap();
+        let got_v = read_f32(&ctx, cache.v(0), off, n as usize * kv_dim)
+            .await
+            .unwrap();
         for t in t0_..t0_ + n {
             let at = (t - t0_) as usize * kv_dim;
             let (gk, gv) = (&got_k[at..at + kv_dim], &got_v[at..at + kv_dim]);
             if t < n_keep {
                 for i in 0..kv_dim {
-                    assert!(gk[i] == val(t, i, 0) && gv[i] == val(t, i, 1), "kept cell {t} changed at {i}");
+                    assert!(
+                        gk[i] == val(t, i, 0) && gv[i] == val(t, i, 1),
+                        "kept cell {t} changed at {i}"
+                    );
                 }
             } else {
                 let src = t + n_discard;
                 for i in 0..kv_dim {
-                    assert!(gv[i] == val(src, i, 1), "V at cell {t} (from {src}) elem {i}: {} vs {}", gv[i], val(src, i, 1));
+                    assert!(
+                        gv[i] == val(src, i, 1),
+                        "V at cell {t} (from {src}) elem {i}: {} vs {}",
+                        gv[i],
+                        val(src, i, 1)
+                    );
                 }
                 for j in 0..rope.n_rot / 2 {
                     let (a, b) = rope.pair(j);
                     let (sin, cos) = rot[j];
                     let (x0, x1) = (val(src, a, 0) as f64, val(src, b, 0) as f64);
                     let (w0, w1) = (x0 * cos - x1 * sin, x0 * sin + x1 * cos);
-                    let ok = (gk[a] as f64 - w0).abs() <= ATOL as f64 && (gk[b] as f64 - w1).abs() <= ATOL as f64;
+                    let ok = (gk[a] as f64 - w0).abs() <= ATOL as f64
+                        && (gk[b] as f64 - w1).abs() <= ATOL as f64;
                     assert!(ok, "cell {t} pair {j}: gpu ({}, {}) vs ({w0}, {w1}) (workgroup-65535 boundary at cell {boundary})", gk[a], gk[b]);
                 }
             }
@@ -320,7 +463,10 @@ async fn many_workgroups() {
         }
     }
     assert_eq!(checked, n_past - n_discard);
-    assert!(boundary > n_keep + 1 && boundary + 1 < n_past - n_discard, "the boundary cell {boundary} is among the moved cells");
+    assert!(
+        boundary > n_keep + 1 && boundary + 1 < n_past - n_discard,
+        "the boundary cell {boundary} is among the moved cells"
+    );
     tlog!("many_workgroups: all {checked} cells equal the reference (boundary at cell {boundary}), {:.1} s", now_s() - t0);
 }
 gpu_test!(more_than_65535_workgroups, many_workgroups());

@@ -42,8 +42,14 @@ const TENSORS: &[(&str, GgmlType, u64, u64)] = &[
 
 /// What the loader fuses from `TENSORS`: `(fused tensor, [(member, first row)])`.
 const FUSED: &[(&str, &[(&str, u64)])] = &[
-    ("blk.0.attn_q.weight+blk.0.attn_k.weight", &[("blk.0.attn_q.weight", 0), ("blk.0.attn_k.weight", 11)]),
-    ("blk.0.ffn_gate.weight+blk.0.ffn_up.weight", &[("blk.0.ffn_gate.weight", 0), ("blk.0.ffn_up.weight", 3)]),
+    (
+        "blk.0.attn_q.weight+blk.0.attn_k.weight",
+        &[("blk.0.attn_q.weight", 0), ("blk.0.attn_k.weight", 11)],
+    ),
+    (
+        "blk.0.ffn_gate.weight+blk.0.ffn_up.weight",
+        &[("blk.0.ffn_gate.weight", 0), ("blk.0.ffn_up.weight", 3)],
+    ),
 ];
 
 /// Random block bytes with every f16 field a sane small value (so no NaN patterns matter).
@@ -59,7 +65,11 @@ fn model(seed: u64) -> (Vec<u8>, Vec<Vec<u8>>) {
     let mut datas = Vec::new();
     for &(name, ty, cols, rows) in TENSORS {
         let d = tensor_bytes(&mut rng, ty, cols, rows);
-        let dims: Vec<u64> = if rows == 1 { vec![cols] } else { vec![cols, rows] };
+        let dims: Vec<u64> = if rows == 1 {
+            vec![cols]
+        } else {
+            vec![cols, rows]
+        };
         w.tensor(name, &dims, ty, d.clone());
         datas.push(d);
     }
@@ -70,9 +80,21 @@ fn model(seed: u64) -> (Vec<u8>, Vec<Vec<u8>>) {
 async fn read_rows(ctx: &GpuContext, t: &GpuTensor, first: u64, rows: u64) -> Vec<u8> {
     let mut out = Vec::new();
     for part in &t.parts {
-        let (a, b) = (first.max(part.row_start), (first + rows).min(part.row_start + part.rows));
+        let (a, b) = (
+            first.max(part.row_start),
+            (first + rows).min(part.row_start + part.rows),
+        );
         if a < b {
-            out.extend(read_buffer(ctx, &part.buffer, (a - part.row_start) * t.row_bytes, (b - a) * t.row_bytes).await.unwrap());
+            out.extend(
+                read_buffer(
+                    ctx,
+                    &part.buffer,
+                    (a - part.row_start) * t.row_bytes,
+                    (b - a) * t.row_bytes,
+                )
+                .await
+                .unwrap(),
+            );
         }
     }
     out
@@ -81,7 +103,9 @@ async fn read_rows(ctx: &GpuContext, t: &GpuTensor, first: u64, rows: u64) -> Ve
 async fn load_and_check(chunk: usize, staging: usize, max_binding: Option<u64>, fuse: bool) {
     let ctx = common::context().await;
     let (file, datas) = model(7);
-    let mut loader = StreamLoader::new(&ctx, Some(file.len() as u64)).with_staging(staging).with_fusion(fuse);
+    let mut loader = StreamLoader::new(&ctx, Some(file.len() as u64))
+        .with_staging(staging)
+        .with_fusion(fuse);
     if let Some(b) = max_binding {
         loader = loader.with_max_binding(b);
     }
@@ -90,32 +114,62 @@ async fn load_and_check(chunk: usize, staging: usize, max_binding: Option<u64>, 
     }
     let peak = loader.peak_staging();
     let p = loader.progress();
-    assert_eq!((p.tensors_loaded, p.tensors_total, p.loaded_bytes), (TENSORS.len(), TENSORS.len(), file.len() as u64));
+    assert_eq!(
+        (p.tensors_loaded, p.tensors_total, p.loaded_bytes),
+        (TENSORS.len(), TENSORS.len(), file.len() as u64)
+    );
     let model = loader.finish().unwrap();
-    let max_row = TENSORS.iter().map(|t| t.1.row_bytes(t.2).unwrap()).max().unwrap() as usize;
-    assert!(peak <= staging.max(max_row) + max_row, "staging held {peak} bytes (cap {staging})");
+    let max_row = TENSORS
+        .iter()
+        .map(|t| t.1.row_bytes(t.2).unwrap())
+        .max()
+        .unwrap() as usize;
+    assert!(
+        peak <= staging.max(max_row) + max_row,
+        "staging held {peak} bytes (cap {staging})"
+    );
     // Every tensor of the file, on its own or as rows of a fused one, holds its repacked bytes.
     for (&(name, ty, cols, rows), data) in TENSORS.iter().zip(&datas) {
         assert!(model.has(name), "{name} missing");
         let (t, first) = model.rows_of(name).unwrap();
         assert_eq!((t.ty, t.cols), (ty, cols), "{name}");
-        let fused = FUSED.iter().find(|(_, m)| m.iter().any(|&(n, _)| n == name));
+        let fused = FUSED
+            .iter()
+            .find(|(_, m)| m.iter().any(|&(n, _)| n == name));
         match (fuse, fused) {
             (true, Some((f, members))) => {
                 assert_eq!(t.name, *f, "{name} fused into");
-                assert_eq!(first, members.iter().find(|&&(n, _)| n == name).unwrap().1, "{name}: first row");
+                assert_eq!(
+                    first,
+                    members.iter().find(|&&(n, _)| n == name).unwrap().1,
+                    "{name}: first row"
+                );
                 assert!(model.tensor(name).is_err(), "{name} also stands alone");
             }
-            _ => assert_eq!((t.name.as_str(), first, t.rows), (name, 0, rows), "{name} stands alone"),
+            _ => assert_eq!(
+                (t.name.as_str(), first, t.rows),
+                (name, 0, rows),
+                "{name} stands alone"
+            ),
         }
         let mut want = Vec::new();
         repack_rows(ty, cols, data, &mut want).unwrap();
-        assert_eq!(read_rows(&ctx, t, first, rows).await, want, "{name}: GPU bytes differ from the repacked file bytes");
+        assert_eq!(
+            read_rows(&ctx, t, first, rows).await,
+            want,
+            "{name}: GPU bytes differ from the repacked file bytes"
+        );
     }
     if fuse {
-        assert_eq!(model.fused.len(), FUSED.iter().map(|f| f.1.len()).sum::<usize>());
+        assert_eq!(
+            model.fused.len(),
+            FUSED.iter().map(|f| f.1.len()).sum::<usize>()
+        );
         for (f, members) in FUSED {
-            let rows: u64 = members.iter().map(|&(n, _)| TENSORS.iter().find(|t| t.0 == n).unwrap().3).sum();
+            let rows: u64 = members
+                .iter()
+                .map(|&(n, _)| TENSORS.iter().find(|t| t.0 == n).unwrap().3)
+                .sum();
             assert_eq!(model.tensor(f).unwrap().rows, rows, "{f}: rows");
         }
     } else {
@@ -124,22 +178,44 @@ async fn load_and_check(chunk: usize, staging: usize, max_binding: Option<u64>, 
     // The plan counts each buffer once, fused or not.
     let gpu: u64 = model.tensors.values().map(|t| t.rows * t.row_bytes).sum();
     assert_eq!(model.plan.total_gpu_bytes, gpu);
-    assert_eq!(model.plan.buffers, model.tensors.values().map(|t| t.parts.len()).sum::<usize>());
+    assert_eq!(
+        model.plan.buffers,
+        model.tensors.values().map(|t| t.parts.len()).sum::<usize>()
+    );
     let splits = model.tensors.values().filter(|t| t.parts.len() > 1).count();
     assert_eq!(model.plan.split_tensors, splits);
     if let Some(cap) = max_binding {
         for t in model.tensors.values() {
-            assert!(t.parts.iter().all(|p| p.rows * t.row_bytes <= cap), "{}: part above the binding cap", t.name);
+            assert!(
+                t.parts.iter().all(|p| p.rows * t.row_bytes <= cap),
+                "{}: part above the binding cap",
+                t.name
+            );
         }
         assert!(splits >= 3, "the cap should force several splits");
     }
 }
 
-gpu_test!(whole_file_one_chunk, load_and_check(usize::MAX, 4 << 20, None, true));
-gpu_test!(whole_file_without_fusion, load_and_check(usize::MAX, 4 << 20, None, false));
-gpu_test!(chunks_of_7_bytes_staging_of_100, load_and_check(7, 100, None, true));
-gpu_test!(chunks_of_4096_forced_splits, load_and_check(4096, 1000, Some(512), true));
-gpu_test!(chunks_of_1_byte_splits, load_and_check(1, 64, Some(1024), true));
+gpu_test!(
+    whole_file_one_chunk,
+    load_and_check(usize::MAX, 4 << 20, None, true)
+);
+gpu_test!(
+    whole_file_without_fusion,
+    load_and_check(usize::MAX, 4 << 20, None, false)
+);
+gpu_test!(
+    chunks_of_7_bytes_staging_of_100,
+    load_and_check(7, 100, None, true)
+);
+gpu_test!(
+    chunks_of_4096_forced_splits,
+    load_and_check(4096, 1000, Some(512), true)
+);
+gpu_test!(
+    chunks_of_1_byte_splits,
+    load_and_check(1, 64, Some(1024), true)
+);
 
 async fn errors() {
     let ctx = common::context().await;
@@ -153,15 +229,25 @@ async fn errors() {
     assert!(e.message.contains(last), "names the tensor {last}: {e}");
     // Not a GGUF at all.
     let mut l = StreamLoader::new(&ctx, None);
-    let e = l.push(b"PK\x03\x04 this is a zip file, not a model.......").unwrap_err();
+    let e = l
+        .push(b"PK\x03\x04 this is a zip file, not a model.......")
+        .unwrap_err();
     assert_eq!(e.code, ErrorCode::BadGguf, "{e}");
     // A quant type the GPU path does not run, named with its tensor.
     let mut w = GgufWriter::new();
-    w.tensor("blk.0.ffn_up.weight", &[256, 2], GgmlType::Q2K, vec![0u8; 84 * 2]);
+    w.tensor(
+        "blk.0.ffn_up.weight",
+        &[256, 2],
+        GgmlType::Q2K,
+        vec![0u8; 84 * 2],
+    );
     let mut l = StreamLoader::new(&ctx, None);
     let e = l.push(&w.to_bytes()).unwrap_err();
     assert_eq!(e.code, ErrorCode::UnsupportedQuant, "{e}");
-    assert!(e.message.contains("blk.0.ffn_up.weight") && e.message.contains("q2_K"), "{e}");
+    assert!(
+        e.message.contains("blk.0.ffn_up.weight") && e.message.contains("q2_K"),
+        "{e}"
+    );
     // A row larger than the binding limit: the adapter is too small.
     let mut w = GgufWriter::new();
     w.tensor_f32("wide", &[1024, 2], &vec![0.5; 2048]);

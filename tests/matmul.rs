@@ -35,7 +35,11 @@ const TOLERANCE: &[(GgmlType, f64)] = &[
 ];
 
 fn tolerance(ty: GgmlType) -> f64 {
-    TOLERANCE.iter().find(|(t, _)| *t == ty).map(|(_, v)| *v).expect("every type has a tolerance")
+    TOLERANCE
+        .iter()
+        .find(|(t, _)| *t == ty)
+        .map(|(_, v)| *v)
+        .expect("every type has a tolerance")
 }
 
 /// Every kernel shape tested on every adapter: thread-per-row (the CPU-adapter decision),
@@ -52,7 +56,10 @@ const SHAPES: [MatmulConfig; 10] = [
     MatmulConfig::team(256, 32, 1),
     MatmulConfig::team(64, 16, 3),
     MatmulConfig::team(256, 16, 8),
-    MatmulConfig { subgroup: false, ..MatmulConfig::team(64, 4, 1) },
+    MatmulConfig {
+        subgroup: false,
+        ..MatmulConfig::team(64, 4, 1)
+    },
 ];
 
 /// Elements between Y regions, so offsets are exercised.
@@ -60,14 +67,31 @@ const Y_GAP: u64 = 3;
 
 /// Run every shape (and the public `gemv`/`gemm` entry points) on `w` and return, per run,
 /// `Y` as `(n_tokens, rows)`.
-async fn run_all(ctx: &GpuContext, w: &GpuTensor, xs: &[f32], x_off: u64, n_tokens: u32) -> Vec<Vec<f32>> {
+async fn run_all(
+    ctx: &GpuContext,
+    w: &GpuTensor,
+    xs: &[f32],
+    x_off: u64,
+    n_tokens: u32,
+) -> Vec<Vec<f32>> {
     let x = ctx.storage_buffer("x", bytemuck::cast_slice(xs));
     let region = n_tokens as u64 * w.rows + Y_GAP;
     let runs = SHAPES.len() as u64 + 1;
     let y = ctx.empty_storage("y", region * runs * 4).unwrap();
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     for (i, cfg) in SHAPES.iter().enumerate() {
-        matmul::matmul(ctx, &mut enc, *cfg, w, &x, x_off, &y, Y_GAP + i as u64 * region, n_tokens).unwrap();
+        matmul::matmul(
+            ctx,
+            &mut enc,
+            *cfg,
+            w,
+            &x,
+            x_off,
+            &y,
+            Y_GAP + i as u64 * region,
+            n_tokens,
+        )
+        .unwrap();
     }
     let last = Y_GAP + SHAPES.len() as u64 * region;
     if n_tokens == 1 {
@@ -76,7 +100,9 @@ async fn run_all(ctx: &GpuContext, w: &GpuTensor, xs: &[f32], x_off: u64, n_toke
         matmul::gemm(ctx, &mut enc, w, &x, x_off, &y, last, n_tokens).unwrap();
     }
     ctx.queue.submit([enc.finish()]);
-    let all = read_f32(ctx, &y, 0, (region * runs) as usize).await.unwrap();
+    let all = read_f32(ctx, &y, 0, (region * runs) as usize)
+        .await
+        .unwrap();
     (0..runs as usize)
         .map(|i| {
             let s = Y_GAP as usize + i * region as usize;
@@ -87,7 +113,17 @@ async fn run_all(ctx: &GpuContext, w: &GpuTensor, xs: &[f32], x_off: u64, n_toke
 
 /// Compare every run with the f64 reference; returns the worst relative error seen.
 #[allow(clippy::too_many_arguments)]
-fn check(ty: GgmlType, what: &str, wf: &[f32], xs: &[f32], x_off: u64, rows: u64, cols: u64, n_tokens: u32, got: &[Vec<f32>]) -> f64 {
+fn check(
+    ty: GgmlType,
+    what: &str,
+    wf: &[f32],
+    xs: &[f32],
+    x_off: u64,
+    rows: u64,
+    cols: u64,
+    n_tokens: u32,
+    got: &[Vec<f32>],
+) -> f64 {
     let (rows, cols) = (rows as usize, cols as usize);
     let mut worst = 0.0f64;
     for t in 0..n_tokens as usize {
@@ -95,7 +131,12 @@ fn check(ty: GgmlType, what: &str, wf: &[f32], xs: &[f32], x_off: u64, rows: u64
         for r in 0..rows {
             let wr = &wf[r * cols..(r + 1) * cols];
             let want: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
-            let scale: f64 = wr.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum::<f64>().max(1e-30);
+            let scale: f64 = wr
+                .iter()
+                .zip(xt)
+                .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                .sum::<f64>()
+                .max(1e-30);
             for (i, run) in got.iter().enumerate() {
                 let v = run[t * rows + r] as f64;
                 let err = (v - want).abs() / scale;
@@ -133,7 +174,9 @@ async fn check_type(ty: GgmlType) {
             let xs = rng.vec((x_off + n_tokens as u64 * cols) as usize);
             let got = run_all(&ctx, &w, &xs, x_off, n_tokens).await;
             let what = format!("{rows}x{cols} x at {x_off} tokens {n_tokens}");
-            worst = worst.max(check(ty, &what, &wf, &xs, x_off, rows, cols, n_tokens, &got));
+            worst = worst.max(check(
+                ty, &what, &wf, &xs, x_off, rows, cols, n_tokens, &got,
+            ));
         }
     }
 
@@ -151,9 +194,15 @@ async fn check_type(ty: GgmlType) {
         let a = run_all(&ctx, &whole, &xs, x_off, n_tokens).await;
         let b = run_all(&ctx, &split, &xs, x_off, n_tokens).await;
         assert_eq!(a, b, "{ty}: split and unsplit differ ({n_tokens} tokens)");
-        worst = worst.max(check(ty, "split", &wf, &xs, x_off, rows, cols, n_tokens, &b));
+        worst = worst.max(check(
+            ty, "split", &wf, &xs, x_off, rows, cols, n_tokens, &b,
+        ));
     }
-    tlog!("{ty}: worst relative error {worst:.2e} (tolerance {:.0e}), adapter {:?}", tolerance(ty), ctx.adapter.name);
+    tlog!(
+        "{ty}: worst relative error {worst:.2e} (tolerance {:.0e}), adapter {:?}",
+        tolerance(ty),
+        ctx.adapter.name
+    );
 }
 
 gpu_test!(matmul_f32, check_type(GgmlType::F32));
@@ -171,7 +220,15 @@ gpu_test!(matmul_q6_k, check_type(GgmlType::Q6K));
 // An unsupported type is refused with a code, not a panic.
 gpu_test!(matmul_rejects_unsupported_types, async {
     let ctx = common::context().await;
-    let Err(e) = upload_tensor(&ctx, "w", GgmlType::Q2K, 256, 1, &[0u8; 84], ctx.limits.max_binding()) else {
+    let Err(e) = upload_tensor(
+        &ctx,
+        "w",
+        GgmlType::Q2K,
+        256,
+        1,
+        &[0u8; 84],
+        ctx.limits.max_binding(),
+    ) else {
         panic!("q2_K was accepted")
     };
     assert_eq!(e.code, cera_web::ErrorCode::UnsupportedQuant);
@@ -191,7 +248,11 @@ async fn check_glu(ty: GgmlType) {
     let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
     let mut rng = Rng::new(ty.id() as u64 + 500);
     let mut worst = 0.0f64;
-    let shapes = [MatmulConfig::simple(1), MatmulConfig::team(256, 16, 1), MatmulConfig::cooperative(64, 4, 3)];
+    let shapes = [
+        MatmulConfig::simple(1),
+        MatmulConfig::team(256, 16, 1),
+        MatmulConfig::cooperative(64, 4, 3),
+    ];
     for act in [Activation::Silu, Activation::GeluTanh] {
         for (n_tokens, x_off) in [(1u32, 4u64), (3, 5)] {
             let n = (x_off + n_tokens as u64 * cols) as usize;
@@ -199,21 +260,46 @@ async fn check_glu(ty: GgmlType) {
             let u = rng.vec(n);
             // The GLU's values, as the separate GLU dispatch computes them (f32), are the X of
             // the reference; the tolerance covers the f32 activation against f64.
-            let xs: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| (act.apply(a as f64) * b as f64) as f32).collect();
-            let (gb, ub) = (ctx.storage_buffer("g", bytemuck::cast_slice(&g)), ctx.storage_buffer("u", bytemuck::cast_slice(&u)));
+            let xs: Vec<f32> = g
+                .iter()
+                .zip(&u)
+                .map(|(&a, &b)| (act.apply(a as f64) * b as f64) as f32)
+                .collect();
+            let (gb, ub) = (
+                ctx.storage_buffer("g", bytemuck::cast_slice(&g)),
+                ctx.storage_buffer("u", bytemuck::cast_slice(&u)),
+            );
             let region = n_tokens as u64 * rows;
-            let y = ctx.empty_storage("y", region * shapes.len() as u64 * 4).unwrap();
+            let y = ctx
+                .empty_storage("y", region * shapes.len() as u64 * 4)
+                .unwrap();
             let mut rec = cera_web::gpu::Recorder::new(&ctx);
             for (i, cfg) in shapes.iter().enumerate() {
-                matmul::prepare_glu(&mut rec, *cfg, act, &w, &gb, &ub, x_off, &y, i as u64 * region, n_tokens).unwrap();
+                matmul::prepare_glu(
+                    &mut rec,
+                    *cfg,
+                    act,
+                    &w,
+                    &gb,
+                    &ub,
+                    x_off,
+                    &y,
+                    i as u64 * region,
+                    n_tokens,
+                )
+                .unwrap();
             }
             let mut enc = ctx.device.create_command_encoder(&Default::default());
             rec.encode(&mut enc).unwrap();
             ctx.queue.submit([enc.finish()]);
-            let all = read_f32(&ctx, &y, 0, (region * shapes.len() as u64) as usize).await.unwrap();
+            let all = read_f32(&ctx, &y, 0, (region * shapes.len() as u64) as usize)
+                .await
+                .unwrap();
             let got: Vec<Vec<f32>> = all.chunks(region as usize).map(|c| c.to_vec()).collect();
             let what = format!("glu {act:?} {n_tokens} tokens x at {x_off}");
-            worst = worst.max(check(ty, &what, &wf, &xs, x_off, rows, cols, n_tokens, &got));
+            worst = worst.max(check(
+                ty, &what, &wf, &xs, x_off, rows, cols, n_tokens, &got,
+            ));
 
             // Gate and up as the two halves of one fused output (n_tokens, stride): gate from
             // x_off, up `delta` further, 4 spare columns between and after (vec4-aligned when
@@ -222,33 +308,91 @@ async fn check_glu(ty: GgmlType) {
             let mut gu = vec![0f32; (x_off + n_tokens as u64 * stride) as usize];
             for t in 0..n_tokens as u64 {
                 for c in 0..cols {
-                    let (i, j) = ((x_off + t * cols + c) as usize, (x_off + t * stride + c) as usize);
+                    let (i, j) = (
+                        (x_off + t * cols + c) as usize,
+                        (x_off + t * stride + c) as usize,
+                    );
                     gu[j] = g[i];
                     gu[j + delta as usize] = u[i];
                 }
             }
             let gub = ctx.storage_buffer("gate|up", bytemuck::cast_slice(&gu));
-            let y = ctx.empty_storage("y", region * shapes.len() as u64 * 4).unwrap();
+            let y = ctx
+                .empty_storage("y", region * shapes.len() as u64 * 4)
+                .unwrap();
             let mut rec = cera_web::gpu::Recorder::new(&ctx);
             for (i, cfg) in shapes.iter().enumerate() {
-                matmul::prepare_glu_fused(&mut rec, *cfg, act, &w, &gub, x_off, delta, stride, &y, i as u64 * region, n_tokens).unwrap();
+                matmul::prepare_glu_fused(
+                    &mut rec,
+                    *cfg,
+                    act,
+                    &w,
+                    &gub,
+                    x_off,
+                    delta,
+                    stride,
+                    &y,
+                    i as u64 * region,
+                    n_tokens,
+                )
+                .unwrap();
             }
             let mut enc = ctx.device.create_command_encoder(&Default::default());
             rec.encode(&mut enc).unwrap();
             ctx.queue.submit([enc.finish()]);
-            let all = read_f32(&ctx, &y, 0, (region * shapes.len() as u64) as usize).await.unwrap();
+            let all = read_f32(&ctx, &y, 0, (region * shapes.len() as u64) as usize)
+                .await
+                .unwrap();
             let got: Vec<Vec<f32>> = all.chunks(region as usize).map(|c| c.to_vec()).collect();
-            worst = worst.max(check(ty, &format!("{what}, fused gate|up"), &wf, &xs, x_off, rows, cols, n_tokens, &got));
+            worst = worst.max(check(
+                ty,
+                &format!("{what}, fused gate|up"),
+                &wf,
+                &xs,
+                x_off,
+                rows,
+                cols,
+                n_tokens,
+                &got,
+            ));
             // Halves that overlap are refused.
             let mut rec = cera_web::gpu::Recorder::new(&ctx);
-            assert!(matmul::prepare_glu_fused(&mut rec, MatmulConfig::simple(1), act, &w, &gub, x_off, cols - 1, stride, &y, 0, n_tokens).is_err());
+            assert!(matmul::prepare_glu_fused(
+                &mut rec,
+                MatmulConfig::simple(1),
+                act,
+                &w,
+                &gub,
+                x_off,
+                cols - 1,
+                stride,
+                &y,
+                0,
+                n_tokens
+            )
+            .is_err());
         }
     }
     // One buffer for two of gate, up and y is refused (one is written, or both are bound twice).
     let b = ctx.empty_storage("b", 4096).unwrap();
     let mut rec = cera_web::gpu::Recorder::new(&ctx);
-    assert!(matmul::prepare_glu(&mut rec, MatmulConfig::simple(1), Activation::Silu, &w, &b, &b, 0, &b, 0, 1).is_err());
-    tlog!("{ty} glu: worst relative error {worst:.2e} (tolerance {:.0e})", tolerance(ty));
+    assert!(matmul::prepare_glu(
+        &mut rec,
+        MatmulConfig::simple(1),
+        Activation::Silu,
+        &w,
+        &b,
+        &b,
+        0,
+        &b,
+        0,
+        1
+    )
+    .is_err());
+    tlog!(
+        "{ty} glu: worst relative error {worst:.2e} (tolerance {:.0e})",
+        tolerance(ty)
+    );
 }
 
 gpu_test!(matmul_glu_input_f32, check_glu(GgmlType::F32));

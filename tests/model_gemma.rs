@@ -53,23 +53,41 @@ async fn load(ctx: &cera_web::gpu::GpuContext) -> LoadedModel {
     {
         let p = std::env::var("CERA_TEST_MODEL")
             .map(std::path::PathBuf::from)
-            .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf"));
-        assert!(p.exists(), "{} is missing: run scripts/fetch-model (npm test does)", p.display());
+            .unwrap_or_else(|_| {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("models/gemma-3-270m-q4_k_m.gguf")
+            });
+        assert!(
+            p.exists(),
+            "{} is missing: run scripts/fetch-model (npm test does)",
+            p.display()
+        );
         cera_web::loader::load_file(ctx, &p).unwrap()
     }
     #[cfg(target_arch = "wasm32")]
     {
-        let url = option_env!("CERA_TEST_MODEL_URL").expect("build with CERA_TEST_MODEL_URL (npm test sets it)");
-        cera_web::web::fetch::load_url(ctx, url, &mut |_| {}).await.unwrap()
+        let url = option_env!("CERA_TEST_MODEL_URL")
+            .expect("build with CERA_TEST_MODEL_URL (npm test sets it)");
+        cera_web::web::fetch::load_url(ctx, url, &mut |_| {})
+            .await
+            .unwrap()
     }
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn floats(v: &Value) -> Vec<f64> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
 }
 
 /// One reference row: llama.cpp's best ids and logits (best first), its top-2 margin, and the
@@ -97,9 +115,16 @@ impl Agreement {
     /// Compare one position: the argmax where the reference is clear, the top-k sets everywhere,
     /// and the top-1 logit and log-probability differences (asserted over all positions later).
     fn add(&mut self, what: &str, ours: &[(u32, f32)], our_lse: Option<f64>, r: &RefRow) {
-        assert!(ours.iter().all(|(_, v)| v.is_finite()), "{what}: non-finite logits {ours:?}");
+        assert!(
+            ours.iter().all(|(_, v)| v.is_finite()),
+            "{what}: non-finite logits {ours:?}"
+        );
         if r.margin > CLEAR {
-            assert_eq!(ours[0].0, r.ids[0], "{what}: argmax {} vs llama.cpp {} (margin {})", ours[0].0, r.ids[0], r.margin);
+            assert_eq!(
+                ours[0].0, r.ids[0],
+                "{what}: argmax {} vs llama.cpp {} (margin {})",
+                ours[0].0, r.ids[0], r.margin
+            );
             self.clear += 1;
         }
         let d = (ours[0].1 as f64 - r.logits[0]).abs();
@@ -115,13 +140,29 @@ impl Agreement {
             r.ids
         );
         if k >= 10 {
-            let overlap = ours[..k].iter().filter(|(id, _)| r.ids[..k].contains(id)).count();
-            assert!(overlap >= 6, "{what}: top-{k} overlap {overlap}: ours {ours:?} vs {:?}", r.ids);
+            let overlap = ours[..k]
+                .iter()
+                .filter(|(id, _)| r.ids[..k].contains(id))
+                .count();
+            assert!(
+                overlap >= 6,
+                "{what}: top-{k} overlap {overlap}: ours {ours:?} vs {:?}",
+                r.ids
+            );
         }
         // The log-probability of llama.cpp's top token under both.
         if let (Some(lse), Some(ref_lse)) = (our_lse, r.lse) {
-            let ours_logit = ours.iter().find(|(id, _)| *id == r.ids[0]).map(|&(_, v)| v as f64);
-            let ours_logit = ours_logit.unwrap_or_else(|| panic!("{what}: llama.cpp's top token {} is not in our top {}", r.ids[0], ours.len()));
+            let ours_logit = ours
+                .iter()
+                .find(|(id, _)| *id == r.ids[0])
+                .map(|&(_, v)| v as f64);
+            let ours_logit = ours_logit.unwrap_or_else(|| {
+                panic!(
+                    "{what}: llama.cpp's top token {} is not in our top {}",
+                    r.ids[0],
+                    ours.len()
+                )
+            });
             let d = ((ours_logit - lse) - (r.logits[0] - ref_lse)).abs();
             self.logprob_sum += d;
             self.logprob_max = self.logprob_max.max(d);
@@ -141,11 +182,27 @@ impl Agreement {
     fn assert_within(&self, what: &str) {
         let ((mean, max), (lp_mean, lp_max)) = (TOP1_TOL, LOGPROB_TOL);
         assert!(self.positions > 0, "{what}: nothing compared");
-        assert!(self.top1_mean() <= mean, "{what}: mean |top-1 logit diff| {:.3} > {mean}", self.top1_mean());
-        assert!(self.top1_max <= max, "{what}: max |top-1 logit diff| {:.3} > {max}", self.top1_max);
+        assert!(
+            self.top1_mean() <= mean,
+            "{what}: mean |top-1 logit diff| {:.3} > {mean}",
+            self.top1_mean()
+        );
+        assert!(
+            self.top1_max <= max,
+            "{what}: max |top-1 logit diff| {:.3} > {max}",
+            self.top1_max
+        );
         if self.logprobs > 0 {
-            assert!(self.logprob_mean() <= lp_mean, "{what}: mean |log-prob diff| {:.3} > {lp_mean}", self.logprob_mean());
-            assert!(self.logprob_max <= lp_max, "{what}: max |log-prob diff| {:.3} > {lp_max}", self.logprob_max);
+            assert!(
+                self.logprob_mean() <= lp_mean,
+                "{what}: mean |log-prob diff| {:.3} > {lp_mean}",
+                self.logprob_mean()
+            );
+            assert!(
+                self.logprob_max <= lp_max,
+                "{what}: max |log-prob diff| {:.3} > {lp_max}",
+                self.logprob_max
+            );
         }
     }
 
@@ -158,7 +215,12 @@ impl Agreement {
             self.top1_max
         );
         if self.logprobs > 0 {
-            s += &format!(", |log-prob diff| mean {:.3} max {:.3} ({} positions)", self.logprob_mean(), self.logprob_max, self.logprobs);
+            s += &format!(
+                ", |log-prob diff| mean {:.3} max {:.3} ({} positions)",
+                self.logprob_mean(),
+                self.logprob_max,
+                self.logprobs
+            );
         }
         s
     }
@@ -184,32 +246,61 @@ async fn teacher_forced() {
     // About a second per token on the CPU-emulated GPUs: natively every prompt; in Chrome (slower:
     // the test suite's time budget) the short one and the long one, which crosses the 512-token
     // sliding window and is scored past it only. Chrome runs the same kernels as the native run.
-    let names: &[&str] = if cfg!(target_arch = "wasm32") { &["short", "long"] } else { &["short", "code", "medium", "long"] };
+    let names: &[&str] = if cfg!(target_arch = "wasm32") {
+        &["short", "long"]
+    } else {
+        &["short", "code", "medium", "long"]
+    };
     let mut clear = 0;
     for name in names {
         let p = &fx["prompts"][*name];
         let tokens = ids(&p["tokens"]);
         let from = if tokens.len() > 600 { 512 } else { 0 };
         let t0 = now_s();
-        let ours: Vec<ScoredRow> = score_rows(&ctx, &model, &tokens, from, 10, SCORE_BATCH).await.unwrap();
+        let ours: Vec<ScoredRow> = score_rows(&ctx, &model, &tokens, from, 10, SCORE_BATCH)
+            .await
+            .unwrap();
         assert_eq!(ours.len(), tokens.len() - from);
         let mut agree = Agreement::default();
         for (i, row) in ours.iter().enumerate() {
             let pos = from + i;
-            agree.add(&format!("{name} pos {pos}"), &row.top, Some(row.lse), &teacher_row(p, pos));
+            agree.add(
+                &format!("{name} pos {pos}"),
+                &row.top,
+                Some(row.lse),
+                &teacher_row(p, pos),
+            );
         }
-        let want_clear = floats(&p["margin"])[from..].iter().filter(|&&m| m > CLEAR).count();
+        let want_clear = floats(&p["margin"])[from..]
+            .iter()
+            .filter(|&&m| m > CLEAR)
+            .count();
         assert_eq!(agree.clear, want_clear);
-        assert_eq!(agree.logprobs, agree.positions, "{name}: the fixture has every row's lse");
-        tlog!("{name}: {} tokens, scored from {from}: {}, {:.1} s", tokens.len(), agree.summary(), now_s() - t0);
+        assert_eq!(
+            agree.logprobs, agree.positions,
+            "{name}: the fixture has every row's lse"
+        );
+        tlog!(
+            "{name}: {} tokens, scored from {from}: {}, {:.1} s",
+            tokens.len(),
+            agree.summary(),
+            now_s() - t0
+        );
         agree.assert_within(name);
         clear += agree.clear;
     }
     tlog!("teacher-forced: argmax equal at all {clear} positions whose reference margin exceeds {CLEAR}");
-    let least = if cfg!(target_arch = "wasm32") { 140 } else { 280 };
+    let least = if cfg!(target_arch = "wasm32") {
+        140
+    } else {
+        280
+    };
     assert!(clear >= least, "only {clear} clear positions compared");
 }
-gpu_test!(gemma3_teacher_forced_logits_match_llama_cpp, teacher_forced());
+gpu_test!(
+    gemma3_teacher_forced_logits_match_llama_cpp,
+    teacher_forced()
+);
 
 /// llama.cpp's greedy continuations, teacher-forced: prompt + its 32 greedy ids (but the last)
 /// are scored in one pass, and the row before each id must pick that id wherever llama.cpp's
@@ -232,24 +323,46 @@ async fn greedy_teacher_forced() {
         let margins = floats(&p["margin"]);
         let mut tokens = prompt.clone();
         tokens.extend_from_slice(&want[..want.len() - 1]);
-        let ours = score_rows(&ctx, &model, &tokens, prompt.len() - 1, 5, SCORE_BATCH).await.unwrap();
+        let ours = score_rows(&ctx, &model, &tokens, prompt.len() - 1, 5, SCORE_BATCH)
+            .await
+            .unwrap();
         assert_eq!(ours.len(), want.len());
         let mut agree = Agreement::default();
         for (k, row) in ours.iter().enumerate() {
-            let r = RefRow { ids: ids(&p["top5_ids"][k]), logits: floats(&p["top5_logits"][k]), margin: margins[k], lse: None };
-            assert_eq!(r.ids[0], want[k], "fixture: step {k}'s top id is its greedy id");
+            let r = RefRow {
+                ids: ids(&p["top5_ids"][k]),
+                logits: floats(&p["top5_logits"][k]),
+                margin: margins[k],
+                lse: None,
+            };
+            assert_eq!(
+                r.ids[0], want[k],
+                "fixture: step {k}'s top id is its greedy id"
+            );
             agree.add(&format!("{name} step {k}"), &row.top, None, &r);
         }
         want_clear += margins.iter().filter(|&&m| m > CLEAR).count();
-        tlog!("{name}: {} steps: {}, {:.1} s", want.len(), agree.summary(), now_s() - t0);
+        tlog!(
+            "{name}: {} steps: {}, {:.1} s",
+            want.len(),
+            agree.summary(),
+            now_s() - t0
+        );
         agree.assert_within(name);
         all.clear += agree.clear;
     }
     assert_eq!(all.clear, want_clear);
-    let least = if cfg!(target_arch = "wasm32") { 50 } else { 100 };
+    let least = if cfg!(target_arch = "wasm32") {
+        50
+    } else {
+        100
+    };
     assert!(all.clear >= least, "only {} clear steps", all.clear);
 }
-gpu_test!(gemma3_greedy_ids_teacher_forced_match_llama_cpp, greedy_teacher_forced());
+gpu_test!(
+    gemma3_greedy_ids_teacher_forced_match_llama_cpp,
+    greedy_teacher_forced()
+);
 
 /// The automatic context shift against llama.cpp's shifted run. A session with n_ctx 40, n_keep 4
 /// and n_discard 16 holds the fixture's 40 tokens; feeding llama.cpp's first greedy id fills it,
@@ -265,11 +378,19 @@ async fn shift() {
     let (ctx, model, tok) = (Arc::new(ctx), Arc::new(model), Arc::new(tok));
     let fx: Value = serde_json::from_str(SHIFT).unwrap();
     let tokens = ids(&fx["tokens"]);
-    let (n_keep, n_discard) = (fx["n_keep"].as_u64().unwrap() as u32, fx["n_discard"].as_u64().unwrap() as u32);
+    let (n_keep, n_discard) = (
+        fx["n_keep"].as_u64().unwrap() as u32,
+        fx["n_discard"].as_u64().unwrap() as u32,
+    );
     let ls = &fx["llama_shift"];
     let want = ids(&ls["ids"]);
     let margins = floats(&ls["margin"]);
-    let opts = SessionOptions { n_ctx: tokens.len() as u32, n_keep, n_discard: Some(n_discard), ..Default::default() };
+    let opts = SessionOptions {
+        n_ctx: tokens.len() as u32,
+        n_keep,
+        n_discard: Some(n_discard),
+        ..Default::default()
+    };
     let t0 = now_s();
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts.clone()).unwrap();
     let mut sampler = Sampler::new(SamplerParams::greedy());
@@ -280,16 +401,29 @@ async fn shift() {
     let first = session.step(&tokens, &mut sampler).await.unwrap();
     let logits = session.logits().await.unwrap();
     let pl = &fx["prefill_last"];
-    let r = RefRow { ids: ids(&pl["top_ids"]), logits: floats(&pl["top_logits"]), margin: pl["margin"].as_f64().unwrap(), lse: pl["lse"].as_f64() };
+    let r = RefRow {
+        ids: ids(&pl["top_ids"]),
+        logits: floats(&pl["top_logits"]),
+        margin: pl["margin"].as_f64().unwrap(),
+        lse: pl["lse"].as_f64(),
+    };
     agree.add("prefill", &top_k(&logits), Some(lse(&logits)), &r);
     assert_eq!(first, want[0]);
     assert_eq!((session.n_past(), session.shifts), (tokens.len() as u32, 0));
     for k in 1..want.len() {
         let next = session.step(&[want[k - 1]], &mut sampler).await.unwrap();
-        assert_eq!(session.shifts, 1, "one shift when the context filled, at step 1");
+        assert_eq!(
+            session.shifts, 1,
+            "one shift when the context filled, at step 1"
+        );
         assert_eq!(session.n_past(), tokens.len() as u32 - n_discard + k as u32);
         let logits = session.logits().await.unwrap();
-        let r = RefRow { ids: ids(&ls["top5_ids"][k]), logits: floats(&ls["top5_logits"][k]), margin: margins[k], lse: None };
+        let r = RefRow {
+            ids: ids(&ls["top5_ids"][k]),
+            logits: floats(&ls["top5_logits"][k]),
+            margin: margins[k],
+            lse: None,
+        };
         let top = top_k(&logits);
         assert_eq!(top[0].0, next, "the greedy sampler picks the argmax");
         agree.add(&format!("after the shift, step {k}"), &top, None, &r);
@@ -300,18 +434,30 @@ async fn shift() {
     held.extend_from_slice(&want[..want.len() - 1]);
     assert_eq!(session.tokens(), &held[..]);
     let want_clear = margins.iter().filter(|&&m| m > CLEAR).count();
-    tlog!("context shift, teacher-forced: {}, {:.1} s", agree.summary(), now_s() - t0);
+    tlog!(
+        "context shift, teacher-forced: {}, {:.1} s",
+        agree.summary(),
+        now_s() - t0
+    );
     assert_eq!(agree.clear, want_clear);
     agree.assert_within("shift");
 
     // Free-running: `generate` in the same configuration shifts by itself and gives llama.cpp's
     // ids up to its first near-tie (step 5; chained greedy decoding after the shift). A prompt
     // must leave room after n_keep, so the session holds all but the last token before the call.
-    let upto = margins.iter().position(|&m| m <= CLEAR).unwrap_or(want.len());
+    let upto = margins
+        .iter()
+        .position(|&m| m <= CLEAR)
+        .unwrap_or(want.len());
     let t0 = now_s();
     session.reset();
     session.feed(&tokens[..tokens.len() - 1]).unwrap();
-    let gen = GenerateOptions { max_tokens: upto as u32, stop: vec![], sampler: SamplerParams::greedy(), constraint: None };
+    let gen = GenerateOptions {
+        max_tokens: upto as u32,
+        stop: vec![],
+        sampler: SamplerParams::greedy(),
+        constraint: None,
+    };
     let mut got = Vec::new();
     let stats = session
         .generate(&tokens[tokens.len() - 1..], &gen, &mut |id, _| {
@@ -320,10 +466,21 @@ async fn shift() {
         })
         .await
         .unwrap();
-    tlog!("context shift, generate: {got:?} vs llama.cpp {:?}, {stats:?}, {:.1} s", &want[..upto], now_s() - t0);
-    assert_eq!(got, want[..upto], "generation through the automatic shift differs from llama.cpp's shifted run");
+    tlog!(
+        "context shift, generate: {got:?} vs llama.cpp {:?}, {stats:?}, {:.1} s",
+        &want[..upto],
+        now_s() - t0
+    );
+    assert_eq!(
+        got,
+        want[..upto],
+        "generation through the automatic shift differs from llama.cpp's shifted run"
+    );
     assert_eq!(stats.context_shifts, 1);
-    assert_eq!(session.n_past(), tokens.len() as u32 - n_discard + upto as u32 - 1);
+    assert_eq!(
+        session.n_past(),
+        tokens.len() as u32 - n_discard + upto as u32 - 1
+    );
 }
 gpu_test!(gemma3_automatic_context_shift_matches_llama_cpp, shift());
 
@@ -338,9 +495,23 @@ async fn chained_matches_step_by_step() {
     let model = Model::new(&ctx, weights).await.unwrap();
     let (ctx, model, tok) = (Arc::new(ctx), Arc::new(model), Arc::new(tok));
     let prompt = tok.encode("The capital of France is", true, false);
-    let opts = |max_tokens| cera_web::generate::session::GenerateOptions { max_tokens, stop: vec![], sampler: SamplerParams::greedy(), constraint: None };
+    let opts = |max_tokens| cera_web::generate::session::GenerateOptions {
+        max_tokens,
+        stop: vec![],
+        sampler: SamplerParams::greedy(),
+        constraint: None,
+    };
     // Chained: stop (abort) after 3 of a chain of up to 7 steps, then go on for 4 more.
-    let mut chained = Session::new(ctx.clone(), model.clone(), tok.clone(), SessionOptions { n_ctx: 64, ..Default::default() }).unwrap();
+    let mut chained = Session::new(
+        ctx.clone(),
+        model.clone(),
+        tok.clone(),
+        SessionOptions {
+            n_ctx: 64,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let mut got = Vec::new();
     chained
         .generate(&prompt, &opts(8), &mut |id, _| {
@@ -350,15 +521,30 @@ async fn chained_matches_step_by_step() {
         .await
         .unwrap();
     assert_eq!(got.len(), 3);
-    assert_eq!(chained.n_past() as usize, prompt.len() + 2, "steps run ahead of the stop were not rewound");
-    chained.generate(&[], &opts(4), &mut |id, _| {
-        got.push(id);
-        true
-    })
-    .await
-    .unwrap();
+    assert_eq!(
+        chained.n_past() as usize,
+        prompt.len() + 2,
+        "steps run ahead of the stop were not rewound"
+    );
+    chained
+        .generate(&[], &opts(4), &mut |id, _| {
+            got.push(id);
+            true
+        })
+        .await
+        .unwrap();
     // One readback per token, the same calls.
-    let mut plain = Session::new(ctx.clone(), model.clone(), tok.clone(), SessionOptions { n_ctx: 64, chain: false, ..Default::default() }).unwrap();
+    let mut plain = Session::new(
+        ctx.clone(),
+        model.clone(),
+        tok.clone(),
+        SessionOptions {
+            n_ctx: 64,
+            chain: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let mut want = Vec::new();
     plain
         .generate(&prompt, &opts(8), &mut |id, _| {
@@ -367,17 +553,24 @@ async fn chained_matches_step_by_step() {
         })
         .await
         .unwrap();
-    plain.generate(&[], &opts(4), &mut |id, _| {
-        want.push(id);
-        true
-    })
-    .await
-    .unwrap();
+    plain
+        .generate(&[], &opts(4), &mut |id, _| {
+            want.push(id);
+            true
+        })
+        .await
+        .unwrap();
     tlog!("chained {got:?}, step by step {want:?}");
-    assert_eq!(got, want, "chained greedy decoding differs from step-by-step");
+    assert_eq!(
+        got, want,
+        "chained greedy decoding differs from step-by-step"
+    );
     assert_eq!(chained.tokens(), plain.tokens());
     assert_eq!(chained.n_past(), plain.n_past());
     // The first three are llama.cpp's greedy continuation (its fixture: " the capital of").
     assert_eq!(&got[..3], &[506, 5279, 529]);
 }
-gpu_test!(gemma3_chained_greedy_matches_step_by_step_and_rewinds, chained_matches_step_by_step());
+gpu_test!(
+    gemma3_chained_greedy_matches_step_by_step_and_rewinds,
+    chained_matches_step_by_step()
+);

@@ -23,12 +23,15 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 async fn fixture(path: &str) -> Vec<u8> {
     #[cfg(not(target_arch = "wasm32"))]
     {
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(path);
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(path);
         std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
     }
     #[cfg(target_arch = "wasm32")]
     {
-        let base = option_env!("CERA_TEST_SERVER").expect("build with CERA_TEST_SERVER (npm test sets it)");
+        let base = option_env!("CERA_TEST_SERVER")
+            .expect("build with CERA_TEST_SERVER (npm test sets it)");
         let url = format!("{base}/fixtures/{path}");
         let mut out = Vec::new();
         cera_web::web::fetch::stream(&url, &mut |_| Ok(()), &mut |c| {
@@ -65,12 +68,19 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn argmax(v: &[f32]) -> usize {
-    v.iter().enumerate().fold(0, |best, (i, x)| if *x > v[best] { i } else { best })
+    v.iter()
+        .enumerate()
+        .fold(0, |best, (i, x)| if *x > v[best] { i } else { best })
 }
 
 /// Greedy `n` tokens after `prompt` through `generate` (chained on the GPU); the ids.
 async fn reply(session: &mut Session, prompt: &[u32], n: u32) -> Vec<u32> {
-    let opts = GenerateOptions { max_tokens: n, stop: vec![], sampler: SamplerParams::greedy(), constraint: None };
+    let opts = GenerateOptions {
+        max_tokens: n,
+        stop: vec![],
+        sampler: SamplerParams::greedy(),
+        constraint: None,
+    };
     let mut out = Vec::new();
     session
         .generate(prompt, &opts, &mut |id, _| {
@@ -85,14 +95,24 @@ async fn reply(session: &mut Session, prompt: &[u32], n: u32) -> Vec<u32> {
 /// As the engine's chat: keep the common prefix of the held tokens and the new prompt, feed the
 /// rest; returns the reply.
 async fn turn(session: &mut Session, conversation: &[u32], n: u32) -> Vec<u32> {
-    let keep = session.tokens().iter().zip(conversation).take_while(|(a, b)| a == b).count().min(conversation.len() - 1);
+    let keep = session
+        .tokens()
+        .iter()
+        .zip(conversation)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(conversation.len() - 1);
     session.truncate(keep as u32).unwrap();
     reply(session, &conversation[keep..], n).await
 }
 
 async fn chat_turns_equal_fresh_prefill() {
     let (ctx, model, tok) = load().await;
-    let opts = SessionOptions { n_ctx: 96, batch: 8, ..Default::default() };
+    let opts = SessionOptions {
+        n_ctx: 96,
+        batch: 8,
+        ..Default::default()
+    };
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts.clone()).unwrap();
     // Turn 1, then turn 2 appending the whole reply and a new message (all held tokens reused),
     // then turn 3 keeping only the first 2 tokens of reply 2 (a truncation inside a reply, past
@@ -111,19 +131,33 @@ async fn chat_turns_equal_fresh_prefill() {
     let mut fresh = Session::new(ctx.clone(), model.clone(), tok.clone(), opts).unwrap();
     let f3 = reply(&mut fresh, &conv, 6).await;
     tlog!("turn 3 reused {r3:?}, fresh {f3:?}");
-    assert_eq!(r3, f3, "a chat reusing the cache differs from one fresh prefill");
+    assert_eq!(
+        r3, f3,
+        "a chat reusing the cache differs from one fresh prefill"
+    );
     let d = max_abs_diff(&reused_logits, &fresh.logits().await.unwrap());
     tlog!("turn 3 last logits: max |reused - fresh| {d:.2e}");
-    assert!(d < 1e-4, "logits after reuse differ from a fresh prefill by {d}");
+    assert!(
+        d < 1e-4,
+        "logits after reuse differ from a fresh prefill by {d}"
+    );
 }
-gpu_test!(lfm2_chat_turns_reusing_the_cache_equal_a_fresh_prefill, chat_turns_equal_fresh_prefill());
+gpu_test!(
+    lfm2_chat_turns_reusing_the_cache_equal_a_fresh_prefill,
+    chat_turns_equal_fresh_prefill()
+);
 
 /// Prefill 30 tokens, shift (n_keep 4, n_discard 12), feed 10 more one at a time; at each of
 /// those steps compare the logits with a fresh evaluation of the kept tokens and the same
 /// continuation. Returns (max top-1 logit diff, mean top-1 logit diff, argmax agreements).
 async fn shift_drift(recompute: bool) -> (f32, f32, usize) {
     let (ctx, model, tok) = load().await;
-    let opts = SessionOptions { n_ctx: 64, batch: 8, shift_recompute: recompute, ..Default::default() };
+    let opts = SessionOptions {
+        n_ctx: 64,
+        batch: 8,
+        shift_recompute: recompute,
+        ..Default::default()
+    };
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts.clone()).unwrap();
     let (prompt, cont) = (ids(4, 30), ids(5, 10));
     let (n_keep, n_discard) = (4u32, 12u32);
@@ -139,7 +173,10 @@ async fn shift_drift(recompute: bool) -> (f32, f32, usize) {
     for &t in &cont {
         session.feed(&[t]).unwrap();
         fresh.feed(&[t]).unwrap();
-        let (a, b) = (session.logits().await.unwrap(), fresh.logits().await.unwrap());
+        let (a, b) = (
+            session.logits().await.unwrap(),
+            fresh.logits().await.unwrap(),
+        );
         let top = argmax(&b);
         let d = (a[top] - b[top]).abs();
         worst = worst.max(d);
@@ -151,16 +188,25 @@ async fn shift_drift(recompute: bool) -> (f32, f32, usize) {
     (worst, mean, agree)
 }
 
-gpu_test!(lfm2_context_shift_keeping_the_state_drifts_boundedly, async {
-    let (worst, _, agree) = shift_drift(false).await;
-    // Drift, not breakage: logits of std ~2 stay within a few units and mostly agree.
-    assert!(worst.is_finite() && worst < 5.0, "top-1 logit moved by {worst}");
-    assert!(agree >= 5, "argmax agreed at {agree}/10 steps only");
-});
+gpu_test!(
+    lfm2_context_shift_keeping_the_state_drifts_boundedly,
+    async {
+        let (worst, _, agree) = shift_drift(false).await;
+        // Drift, not breakage: logits of std ~2 stay within a few units and mostly agree.
+        assert!(
+            worst.is_finite() && worst < 5.0,
+            "top-1 logit moved by {worst}"
+        );
+        assert!(agree >= 5, "argmax agreed at {agree}/10 steps only");
+    }
+);
 
 gpu_test!(lfm2_context_shift_by_recompute_is_exact, async {
     let (worst, _, agree) = shift_drift(true).await;
-    assert!(worst < 1e-4, "recomputing shift differs from a fresh evaluation by {worst}");
+    assert!(
+        worst < 1e-4,
+        "recomputing shift differs from a fresh evaluation by {worst}"
+    );
     assert_eq!(agree, 10);
 });
 
@@ -169,9 +215,18 @@ gpu_test!(lfm2_context_shift_by_recompute_is_exact, async {
 /// exactly as one fed the tokens it kept.
 async fn rewind_after_a_stop_is_exact() {
     let (ctx, model, tok) = load().await;
-    let opts = SessionOptions { n_ctx: 64, batch: 8, ..Default::default() };
+    let opts = SessionOptions {
+        n_ctx: 64,
+        batch: 8,
+        ..Default::default()
+    };
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts.clone()).unwrap();
-    let gopts = GenerateOptions { max_tokens: 12, stop: vec![], sampler: SamplerParams::greedy(), constraint: None };
+    let gopts = GenerateOptions {
+        max_tokens: 12,
+        stop: vec![],
+        sampler: SamplerParams::greedy(),
+        constraint: None,
+    };
     let mut n = 0;
     let stats = session
         .generate(&ids(6, 9), &gopts, &mut |_, _| {
@@ -182,14 +237,27 @@ async fn rewind_after_a_stop_is_exact() {
         .unwrap();
     assert_eq!(stats.finish_reason, "aborted");
     let held = session.tokens().to_vec();
-    assert_eq!(held.len(), 9 + 2, "the prompt and the two tokens fed before the stop");
+    assert_eq!(
+        held.len(),
+        9 + 2,
+        "the prompt and the two tokens fed before the stop"
+    );
     let next = ids(7, 1);
     session.feed(&next).unwrap();
     let mut fresh = Session::new(ctx.clone(), model.clone(), tok.clone(), opts).unwrap();
     fresh.feed(&held).unwrap();
     fresh.feed(&next).unwrap();
-    let d = max_abs_diff(&session.logits().await.unwrap(), &fresh.logits().await.unwrap());
+    let d = max_abs_diff(
+        &session.logits().await.unwrap(),
+        &fresh.logits().await.unwrap(),
+    );
     tlog!("after a stop mid-chain: max |rewound - fresh| {d:.2e}");
-    assert!(d < 1e-4, "a rewound session differs from a fresh one by {d}");
+    assert!(
+        d < 1e-4,
+        "a rewound session differs from a fresh one by {d}"
+    );
 }
-gpu_test!(lfm2_rewind_after_a_stop_mid_chain_is_exact, rewind_after_a_stop_is_exact());
+gpu_test!(
+    lfm2_rewind_after_a_stop_mid_chain_is_exact,
+    rewind_after_a_stop_is_exact()
+);

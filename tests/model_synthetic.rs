@@ -17,12 +17,15 @@ const MANIFEST: &str = include_str!("fixtures/oracle/synthetic.json");
 async fn fixture(path: &str) -> Vec<u8> {
     #[cfg(not(target_arch = "wasm32"))]
     {
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(path);
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(path);
         std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
     }
     #[cfg(target_arch = "wasm32")]
     {
-        let base = option_env!("CERA_TEST_SERVER").expect("build with CERA_TEST_SERVER (npm test sets it)");
+        let base = option_env!("CERA_TEST_SERVER")
+            .expect("build with CERA_TEST_SERVER (npm test sets it)");
         let url = format!("{base}/fixtures/{path}");
         let mut out = Vec::new();
         cera_web::web::fetch::stream(&url, &mut |_| Ok(()), &mut |c| {
@@ -53,7 +56,15 @@ fn tolerance(arch: &str, ty: &str) -> (f64, f64) {
 
 /// How `ours` (rows of `n_vocab` logits from position `first_row` on) compares with llama.cpp:
 /// asserts the max and mean difference and the argmax at clear positions.
-fn compare(name: &str, how: &str, m: &serde_json::Value, ours: &[f32], want: &[f32], n_vocab: usize, first_row: usize) {
+fn compare(
+    name: &str,
+    how: &str,
+    m: &serde_json::Value,
+    ours: &[f32],
+    want: &[f32],
+    n_vocab: usize,
+    first_row: usize,
+) {
     let (arch, ty) = (m["arch"].as_str().unwrap(), m["type"].as_str().unwrap());
     let std = m["logit_std"].as_f64().unwrap();
     let (tol_max, tol_mean) = tolerance(arch, ty);
@@ -65,24 +76,47 @@ fn compare(name: &str, how: &str, m: &serde_json::Value, ours: &[f32], want: &[f
         for (x, y) in a.iter().zip(b) {
             let d = (*x as f64 - *y as f64).abs();
             // NaN fails here (a comparison with NaN is false).
-            assert!(d.is_finite(), "{name} ({how}) pos {pos}: logit {x} vs llama.cpp {y}");
+            assert!(
+                d.is_finite(),
+                "{name} ({how}) pos {pos}: logit {x} vs llama.cpp {y}"
+            );
             max_diff = max_diff.max(d);
             sum_diff += d;
         }
-        let am = |r: &[f32]| r.iter().enumerate().fold(0, |best, (i, v)| if *v > r[best] { i } else { best });
+        let am = |r: &[f32]| {
+            r.iter()
+                .enumerate()
+                .fold(0, |best, (i, v)| if *v > r[best] { i } else { best })
+        };
         let mut sorted: Vec<f32> = b.to_vec();
         sorted.sort_by(|p, q| q.partial_cmp(p).unwrap());
         // A "clear" position: the reference margin exceeds twice the largest allowed difference.
         if am(a) != am(b) && (sorted[0] - sorted[1]) as f64 > 2.0 * tol_max * std {
             flips += 1;
-            tlog!("{name} ({how}) pos {pos}: argmax {} vs llama.cpp {} (margin {})", am(a), am(b), sorted[0] - sorted[1]);
+            tlog!(
+                "{name} ({how}) pos {pos}: argmax {} vs llama.cpp {} (margin {})",
+                am(a),
+                am(b),
+                sorted[0] - sorted[1]
+            );
         }
     }
     let (rel, mean_rel) = (max_diff / std, sum_diff / ours.len() as f64 / std);
-    tlog!("{name} ({how}): max |diff| {max_diff:.2e} ({rel:.2e} of std), mean {mean_rel:.2e} of std");
-    assert!(rel <= tol_max, "{name} ({how}): max |diff| {max_diff} is {rel:.3e} of the logit std (allowed {tol_max})");
-    assert!(mean_rel <= tol_mean, "{name} ({how}): mean |diff| is {mean_rel:.3e} of the logit std (allowed {tol_mean})");
-    assert_eq!(flips, 0, "{name} ({how}): argmax differs at clear positions");
+    tlog!(
+        "{name} ({how}): max |diff| {max_diff:.2e} ({rel:.2e} of std), mean {mean_rel:.2e} of std"
+    );
+    assert!(
+        rel <= tol_max,
+        "{name} ({how}): max |diff| {max_diff} is {rel:.3e} of the logit std (allowed {tol_max})"
+    );
+    assert!(
+        mean_rel <= tol_mean,
+        "{name} ({how}): mean |diff| is {mean_rel:.3e} of the logit std (allowed {tol_mean})"
+    );
+    assert_eq!(
+        flips, 0,
+        "{name} ({how}): argmax differs at clear positions"
+    );
 }
 
 /// Every model three ways, each against llama.cpp's rows: all 24 tokens in one batch; a prefill
@@ -91,7 +125,12 @@ fn compare(name: &str, how: &str, m: &serde_json::Value, ours: &[f32], want: &[f
 async fn check(name: &str) {
     let manifest: serde_json::Value = serde_json::from_str(MANIFEST).unwrap();
     let m = &manifest["models"][name];
-    let tokens: Vec<u32> = manifest["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let tokens: Vec<u32> = manifest["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
     let ctx = common::context().await;
     let bytes = fixture(m["model"].as_str().unwrap()).await;
     let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
@@ -104,7 +143,11 @@ async fn check(name: &str) {
         .collect();
     let n_vocab = want.len() / tokens.len();
     assert_eq!(n_vocab, model.hp.n_vocab as usize);
-    for (how, batch) in [("one batch", tokens.len() as u32), ("chunks of 5", 5), ("batch 1", 1)] {
+    for (how, batch) in [
+        ("one batch", tokens.len() as u32),
+        ("chunks of 5", 5),
+        ("batch 1", 1),
+    ] {
         let ours = score_logits(&ctx, &model, &tokens, batch).await.unwrap();
         assert_eq!(ours.len(), want.len(), "{how}");
         compare(name, how, m, &ours, &want, n_vocab, 0);

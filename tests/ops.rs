@@ -9,12 +9,12 @@ mod common;
 use cera_web::gguf::GgmlType;
 use cera_web::gpu::readback::read_f32;
 use cera_web::gpu::GpuContext;
+use cera_web::gpu::Recorder;
 use cera_web::kv::{KvCache, KvCacheConfig};
 use cera_web::ops::elementwise::{self, View};
 use cera_web::ops::glu::{self, Activation};
-use cera_web::ops::rope::{self, RopeTable};
-use cera_web::gpu::Recorder;
 use cera_web::ops::qk_rope::{self, QkvBuffers};
+use cera_web::ops::rope::{self, RopeTable};
 use cera_web::ops::{embed, rmsnorm};
 use cera_web::quant::dequantize_to_vec;
 use cera_web::quant::gpu::{synthetic_rows, upload_tensor};
@@ -42,7 +42,11 @@ const TOLERANCE: &[(&str, f64)] = &[
 ];
 
 fn tolerance(op: &str) -> f64 {
-    TOLERANCE.iter().find(|(o, _)| *o == op).map(|(_, t)| *t).expect("every op has a tolerance")
+    TOLERANCE
+        .iter()
+        .find(|(o, _)| *o == op)
+        .map(|(_, t)| *t)
+        .expect("every op has a tolerance")
 }
 
 /// Compare `got` with `want` under `denom(i)`; panics past the op's tolerance, returns the worst.
@@ -52,7 +56,10 @@ fn check(op: &str, what: &str, got: &[f32], want: &[f64], denom: impl Fn(usize) 
     let mut worst = 0.0f64;
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let err = (g as f64 - w).abs() / denom(i).max(1e-30);
-        assert!(err <= tol, "{op} {what}: [{i}] = {g}, want {w} (error {err:.2e} > {tol:.0e})");
+        assert!(
+            err <= tol,
+            "{op} {what}: [{i}] = {g}, want {w} (error {err:.2e} > {tol:.0e})"
+        );
         worst = worst.max(err);
     }
     worst
@@ -104,8 +111,26 @@ async fn check_embed(ty: GgmlType) {
         let rows = 45u64;
         let bytes = synthetic_rows(ty, cols, rows, 11 + cols);
         let table = dequantize_to_vec(ty, &bytes).unwrap();
-        let whole = upload_tensor(&ctx, "embd", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
-        let split = upload_tensor(&ctx, "embd split", ty, cols, rows, &bytes, 15 * whole.row_bytes + 4).unwrap();
+        let whole = upload_tensor(
+            &ctx,
+            "embd",
+            ty,
+            cols,
+            rows,
+            &bytes,
+            ctx.limits.max_binding(),
+        )
+        .unwrap();
+        let split = upload_tensor(
+            &ctx,
+            "embd split",
+            ty,
+            cols,
+            rows,
+            &bytes,
+            15 * whole.row_bytes + 4,
+        )
+        .unwrap();
         assert_eq!(split.parts.len(), 3, "{ty}: the split plan");
         let n = out_off + ids.len() * cols as usize;
         let want = embed::reference(&table, cols as usize, &ids, scale);
@@ -114,15 +139,37 @@ async fn check_embed(ty: GgmlType) {
         for t in [&whole, &split] {
             let out = ctx.storage_buffer("out", bytemuck::cast_slice(&vec![SENTINEL; n]));
             submit(&ctx, |enc| {
-                embed::encode(&ctx, enc, t, &ids_buf, ids_off as u64, ids.len() as u32, scale, &out, out_off as u64).unwrap()
+                embed::encode(
+                    &ctx,
+                    enc,
+                    t,
+                    &ids_buf,
+                    ids_off as u64,
+                    ids.len() as u32,
+                    scale,
+                    &out,
+                    out_off as u64,
+                )
+                .unwrap()
             });
             let got = read(&ctx, &out, 0, n).await;
-            assert!(got[..out_off].iter().all(|&v| v == SENTINEL), "{ty}: wrote before out_offset");
-            worst =
-                worst.max(check("embed", &format!("{ty} {rows}x{cols} ({} parts)", t.parts.len()), &got[out_off..], &want, |i| denom[i]));
+            assert!(
+                got[..out_off].iter().all(|&v| v == SENTINEL),
+                "{ty}: wrote before out_offset"
+            );
+            worst = worst.max(check(
+                "embed",
+                &format!("{ty} {rows}x{cols} ({} parts)", t.parts.len()),
+                &got[out_off..],
+                &want,
+                |i| denom[i],
+            ));
             results.push(got);
         }
-        assert_eq!(results[0], results[1], "{ty}: split and unsplit tables differ");
+        assert_eq!(
+            results[0], results[1],
+            "{ty}: split and unsplit tables differ"
+        );
     }
     tlog!("embed {ty}: worst error {worst:.2e}");
 }
@@ -143,7 +190,16 @@ gpu_test!(embed_q6_k, check_embed(GgmlType::Q6K));
 // rmsnorm
 
 fn f32_tensor(ctx: &GpuContext, name: &str, v: &[f32]) -> cera_web::gpu::GpuTensor {
-    upload_tensor(ctx, name, GgmlType::F32, v.len() as u64, 1, bytemuck::cast_slice(v), ctx.limits.max_binding()).unwrap()
+    upload_tensor(
+        ctx,
+        name,
+        GgmlType::F32,
+        v.len() as u64,
+        1,
+        bytemuck::cast_slice(v),
+        ctx.limits.max_binding(),
+    )
+    .unwrap()
 }
 
 gpu_test!(rmsnorm_shapes_weights_in_place_and_fused_add, async {
@@ -180,25 +236,50 @@ gpu_test!(rmsnorm_shapes_weights_in_place_and_fused_add, async {
         submit(&ctx, |enc| {
             let add_arg = if add { Some((&ab, ao as u64)) } else { None };
             let w_arg = if weight { Some(&wt) } else { None };
-            rmsnorm::encode(&ctx, enc, &xb, xo as u64, add_arg, w_arg, out, out_off as u64, rows, len, eps).unwrap()
+            rmsnorm::encode(
+                &ctx,
+                enc,
+                &xb,
+                xo as u64,
+                add_arg,
+                w_arg,
+                out,
+                out_off as u64,
+                rows,
+                len,
+                eps,
+            )
+            .unwrap()
         });
-        let (want, sum) =
-            rmsnorm::reference(&x[xo..], if add { Some(&a[ao..]) } else { None }, if weight { Some(&w) } else { None }, len as usize, eps);
+        let (want, sum) = rmsnorm::reference(
+            &x[xo..],
+            if add { Some(&a[ao..]) } else { None },
+            if weight { Some(&w) } else { None },
+            len as usize,
+            eps,
+        );
         let got = read(&ctx, out, out_off as u64, n).await;
         let denom = row_max(&want, len as usize);
         worst = worst.max(check("rmsnorm", &what, &got, &want, |i| denom[i]));
         if add && !in_place {
             let xs = read(&ctx, &xb, xo as u64, n).await;
-            check("elementwise", &format!("rmsnorm {what}: x + add written back"), &xs, &sum, |i| {
-                (x[xo + i].abs() + a[ao + i].abs()) as f64
-            });
+            check(
+                "elementwise",
+                &format!("rmsnorm {what}: x + add written back"),
+                &xs,
+                &sum,
+                |i| (x[xo + i].abs() + a[ao + i].abs()) as f64,
+            );
         }
     }
     // A fused add into a buffer other than x and out is required.
     let b = ctx.empty_storage("b", 64).unwrap();
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     assert!(rmsnorm::encode(&ctx, &mut enc, &b, 0, Some((&b, 0)), None, &b, 0, 1, 4, eps).is_err());
-    tlog!("rmsnorm: worst error {worst:.2e} (tolerance {:.0e})", tolerance("rmsnorm"));
+    tlog!(
+        "rmsnorm: worst error {worst:.2e} (tolerance {:.0e})",
+        tolerance("rmsnorm")
+    );
 });
 
 gpu_test!(rmsnorm_post_norm_residual_and_pre_norm_fused, async {
@@ -230,21 +311,55 @@ gpu_test!(rmsnorm_post_norm_residual_and_pre_norm_fused, async {
         let ob = ctx.empty_storage("out", ((oo + n) * 4) as u64).unwrap();
         let (wt, wat) = (f32_tensor(&ctx, "w", &w), f32_tensor(&ctx, "w_add", &wa));
         let (out, out_off) = if in_place { (&xb, xo) } else { (&ob, oo) };
-        let residual = rmsnorm::Residual { buffer: &ab, offset: ao as u64, scale, norm: if norm { Some(&wat) } else { None } };
+        let residual = rmsnorm::Residual {
+            buffer: &ab,
+            offset: ao as u64,
+            scale,
+            norm: if norm { Some(&wat) } else { None },
+        };
         let mut rec = cera_web::gpu::Recorder::new(&ctx);
-        rmsnorm::prepare_residual(&mut rec, &xb, xo as u64, Some(residual), Some(&wt), out, out_off as u64, rows, len, eps).unwrap();
+        rmsnorm::prepare_residual(
+            &mut rec,
+            &xb,
+            xo as u64,
+            Some(residual),
+            Some(&wt),
+            out,
+            out_off as u64,
+            rows,
+            len,
+            eps,
+        )
+        .unwrap();
         submit(&ctx, |enc| rec.encode(enc).unwrap());
-        let (want, sum) = rmsnorm::reference_residual(&x[xo..], &a[ao..], if norm { Some(&wa) } else { None }, scale, Some(&w), len as usize, eps);
+        let (want, sum) = rmsnorm::reference_residual(
+            &x[xo..],
+            &a[ao..],
+            if norm { Some(&wa) } else { None },
+            scale,
+            Some(&w),
+            len as usize,
+            eps,
+        );
         let got = read(&ctx, out, out_off as u64, n).await;
         let denom = row_max(&want, len as usize);
         worst = worst.max(check("rmsnorm", &what, &got, &want, |i| denom[i]));
         if !in_place {
             let xs = read(&ctx, &xb, xo as u64, n).await;
             let sum_denom = row_max(&sum, len as usize);
-            worst = worst.max(check("rmsnorm", &format!("{what}: the sum written back"), &xs, &sum, |i| sum_denom[i]));
+            worst = worst.max(check(
+                "rmsnorm",
+                &format!("{what}: the sum written back"),
+                &xs,
+                &sum,
+                |i| sum_denom[i],
+            ));
         }
     }
-    tlog!("rmsnorm residual: worst error {worst:.2e} (tolerance {:.0e})", tolerance("rmsnorm"));
+    tlog!(
+        "rmsnorm residual: worst error {worst:.2e} (tolerance {:.0e})",
+        tolerance("rmsnorm")
+    );
 });
 
 // ---------------------------------------------------------------------------------------------
@@ -256,7 +371,12 @@ const POSITIONS: [u32; 5] = [0, 1, 511, 4097, 32767];
 fn rope_configs() -> Vec<(String, RopeConfig)> {
     let mut v = Vec::new();
     for rt in [RopeType::Neox, RopeType::Norm] {
-        for (base, n_rot, ff) in [(1e6f32, 256usize, false), (1e4, 256, true), (1e4, 128, false), (5e5, 128, true)] {
+        for (base, n_rot, ff) in [
+            (1e6f32, 256usize, false),
+            (1e4, 256, true),
+            (1e4, 128, false),
+            (5e5, 128, true),
+        ] {
             let mut c = RopeConfig::new(256, base, rt);
             c.n_rot = n_rot;
             if ff {
@@ -273,17 +393,30 @@ fn rope_configs() -> Vec<(String, RopeConfig)> {
 fn rope_errors(c: &RopeConfig, x: &[f32], got: &[f32], want: &[f32], what: &str) -> f64 {
     let tol = tolerance("rope");
     let mut worst = 0.0f64;
-    for (h, ((xh, gh), wh)) in x.chunks(c.head_dim).zip(got.chunks(c.head_dim)).zip(want.chunks(c.head_dim)).enumerate() {
+    for (h, ((xh, gh), wh)) in x
+        .chunks(c.head_dim)
+        .zip(got.chunks(c.head_dim))
+        .zip(want.chunks(c.head_dim))
+        .enumerate()
+    {
         for j in 0..c.n_rot / 2 {
             let (a, b) = c.pair(j);
             let norm = (xh[a] as f64).hypot(xh[b] as f64).max(1e-3);
             let err = (gh[a] as f64 - wh[a] as f64).hypot(gh[b] as f64 - wh[b] as f64) / norm;
-            assert!(err <= tol, "rope {what}: head {h} pair {j}: error {err:.2e} > {tol:.0e}");
+            assert!(
+                err <= tol,
+                "rope {what}: head {h} pair {j}: error {err:.2e} > {tol:.0e}"
+            );
             worst = worst.max(err);
         }
-        let rotated: Vec<usize> = (0..c.n_rot / 2).flat_map(|j| [c.pair(j).0, c.pair(j).1]).collect();
+        let rotated: Vec<usize> = (0..c.n_rot / 2)
+            .flat_map(|j| [c.pair(j).0, c.pair(j).1])
+            .collect();
         for d in (0..c.head_dim).filter(|d| !rotated.contains(d)) {
-            assert_eq!(gh[d], xh[d], "rope {what}: head {h} dim {d} (past n_rot) changed");
+            assert_eq!(
+                gh[d], xh[d],
+                "rope {what}: head {h} dim {d} (past n_rot) changed"
+            );
         }
     }
     worst
@@ -314,7 +447,17 @@ gpu_test!(rope_positions_layouts_freq_factors_partial_rotary, async {
         let xb = ctx.storage_buffer("q", bytemuck::cast_slice(&x));
         submit(&ctx, |enc| {
             for (i, &p0) in POSITIONS.iter().enumerate() {
-                rope::encode(&ctx, enc, &table, &xb, (off + i * per) as u64, t, n_heads, p0).unwrap();
+                rope::encode(
+                    &ctx,
+                    enc,
+                    &table,
+                    &xb,
+                    (off + i * per) as u64,
+                    t,
+                    n_heads,
+                    p0,
+                )
+                .unwrap();
             }
         });
         let got = read(&ctx, &xb, 0, x.len()).await;
@@ -322,13 +465,24 @@ gpu_test!(rope_positions_layouts_freq_factors_partial_rotary, async {
         for (i, &p0) in POSITIONS.iter().enumerate() {
             let src = &x[off + i * per..off + (i + 1) * per];
             let want = rope::reference(&c, src, n_heads as usize, p0);
-            let e = rope_errors(&c, src, &got[off + i * per..off + (i + 1) * per], &want, &format!("{name} pos {p0}"));
+            let e = rope_errors(
+                &c,
+                src,
+                &got[off + i * per..off + (i + 1) * per],
+                &want,
+                &format!("{name} pos {p0}"),
+            );
             by_pos[i] = by_pos[i].max(e);
             naive[i] = naive[i].max(naive_f32_error(&c, p0 + 1));
         }
     }
     for (i, p) in POSITIONS.iter().enumerate() {
-        tlog!("rope pos {p}..{}: worst error {:.2e} (an f32 angle with f32 sin/cos: {:.2e})", p + 1, by_pos[i], naive[i]);
+        tlog!(
+            "rope pos {p}..{}: worst error {:.2e} (an f32 angle with f32 sin/cos: {:.2e})",
+            p + 1,
+            by_pos[i],
+            naive[i]
+        );
     }
 });
 
@@ -342,9 +496,17 @@ gpu_test!(rope_small_heads_norm_and_neox, async {
         let table = RopeTable::new(&ctx, &c).unwrap();
         let x = rng.vec(5 * 3 * 64);
         let xb = ctx.storage_buffer("q", bytemuck::cast_slice(&x));
-        submit(&ctx, |enc| rope::encode(&ctx, enc, &table, &xb, 0, 5, 3, 4095).unwrap());
+        submit(&ctx, |enc| {
+            rope::encode(&ctx, enc, &table, &xb, 0, 5, 3, 4095).unwrap()
+        });
         let got = read(&ctx, &xb, 0, x.len()).await;
-        rope_errors(&c, &x, &got, &rope::reference(&c, &x, 3, 4095), &format!("{rt:?} 64/32"));
+        rope_errors(
+            &c,
+            &x,
+            &got,
+            &rope::reference(&c, &x, 3, 4095),
+            &format!("{rt:?} 64/32"),
+        );
     }
 });
 
@@ -356,15 +518,28 @@ gpu_test!(qk_rope_norms_ropes_and_writes_the_cache, async {
     let mut rng = Rng::new(23);
     let eps = 1e-6f32;
     let mut worst = 0.0f64;
-    let cases = [(4u32, 1u32, 256usize, 256usize, RopeType::Neox, 1u32, true), (6, 2, 64, 32, RopeType::Norm, 3, true), (6, 2, 64, 64, RopeType::Neox, 5, false), (1, 1, 2, 2, RopeType::Norm, 1, true)];
+    let cases = [
+        (4u32, 1u32, 256usize, 256usize, RopeType::Neox, 1u32, true),
+        (6, 2, 64, 32, RopeType::Norm, 3, true),
+        (6, 2, 64, 64, RopeType::Neox, 5, false),
+        (1, 1, 2, 2, RopeType::Norm, 1, true),
+    ];
     for (n_head, n_kv, hd, n_rot, rt, t, norm) in cases {
-        let what = format!("{n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm}");
+        let what =
+            format!("{n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm}");
         let mut c = RopeConfig::new(hd, 10000.0, rt);
         c.n_rot = n_rot;
         let n_ctx = 20u32;
         let cache = KvCache::new(
             &ctx,
-            KvCacheConfig { n_ctx, n_kv_heads: n_kv, head_dim: hd as u32, layer_ropes: vec![c.clone()], shift_workgroup_size: None, max_scratch_cells: None },
+            KvCacheConfig {
+                n_ctx,
+                n_kv_heads: n_kv,
+                head_dim: hd as u32,
+                layer_ropes: vec![c.clone()],
+                shift_workgroup_size: None,
+                max_scratch_cells: None,
+            },
         )
         .unwrap();
         let table = RopeTable::new(&ctx, &c).unwrap();
@@ -377,10 +552,29 @@ gpu_test!(qk_rope_norms_ropes_and_writes_the_cache, async {
         let qb = ctx.storage_buffer("q", bytemuck::cast_slice(&q));
         let kvb = ctx.storage_buffer("kv", bytemuck::cast_slice(&kv));
         let wb = ctx.storage_buffer("qk norm", bytemuck::cast_slice(&w));
-        let b = QkvBuffers { q: &qb, q_offset: 3, k: &kvb, k_offset: 1, v: &kvb, v_offset: 1 + kn as u64, k_cache: cache.k(0), v_cache: cache.v(0) };
+        let b = QkvBuffers {
+            q: &qb,
+            q_offset: 3,
+            k: &kvb,
+            k_offset: 1,
+            v: &kvb,
+            v_offset: 1 + kn as u64,
+            k_cache: cache.k(0),
+            v_cache: cache.v(0),
+        };
         let norm_arg = if norm { Some((&wb, eps)) } else { None };
-        submit(&ctx, |enc| qk_rope::encode(&ctx, enc, &table, &b, t, n_head, n_kv, norm_arg, pos0).unwrap());
-        let (want_q, want_k) = qk_rope::reference(&table, &q[3..], &kv[1..1 + kn], n_head as usize, n_kv as usize, if norm { Some((&w, eps)) } else { None }, pos0);
+        submit(&ctx, |enc| {
+            qk_rope::encode(&ctx, enc, &table, &b, t, n_head, n_kv, norm_arg, pos0).unwrap()
+        });
+        let (want_q, want_k) = qk_rope::reference(
+            &table,
+            &q[3..],
+            &kv[1..1 + kn],
+            n_head as usize,
+            n_kv as usize,
+            if norm { Some((&w, eps)) } else { None },
+            pos0,
+        );
         let got_q = read(&ctx, &qb, 3, qn).await;
         let row = n_kv as usize * hd;
         let kc = read(&ctx, cache.k(0), 0, n_ctx as usize * row).await;
@@ -389,18 +583,49 @@ gpu_test!(qk_rope_norms_ropes_and_writes_the_cache, async {
         let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
         let (wq, wk) = (to64(&want_q), to64(&want_k));
         let (dq, dk) = (row_max(&wq, hd), row_max(&wk, hd));
-        worst = worst.max(check("qk_rope", &format!("{what}: q"), &got_q, &wq, |i| dq[i]));
-        worst = worst.max(check("qk_rope", &format!("{what}: k cells"), &kc[cells.clone()], &wk, |i| dk[i]));
-        assert_eq!(&vc[cells.clone()], &kv[1 + kn..1 + 2 * kn], "{what}: V cells");
-        assert!(kc[..cells.start].iter().chain(&kc[cells.end..]).all(|&v| v == 0.0), "{what}: K written outside its cells");
-        assert!(vc[..cells.start].iter().chain(&vc[cells.end..]).all(|&v| v == 0.0), "{what}: V written outside its cells");
+        worst = worst.max(check("qk_rope", &format!("{what}: q"), &got_q, &wq, |i| {
+            dq[i]
+        }));
+        worst = worst.max(check(
+            "qk_rope",
+            &format!("{what}: k cells"),
+            &kc[cells.clone()],
+            &wk,
+            |i| dk[i],
+        ));
+        assert_eq!(
+            &vc[cells.clone()],
+            &kv[1 + kn..1 + 2 * kn],
+            "{what}: V cells"
+        );
+        assert!(
+            kc[..cells.start]
+                .iter()
+                .chain(&kc[cells.end..])
+                .all(|&v| v == 0.0),
+            "{what}: K written outside its cells"
+        );
+        assert!(
+            vc[..cells.start]
+                .iter()
+                .chain(&vc[cells.end..])
+                .all(|&v| v == 0.0),
+            "{what}: V written outside its cells"
+        );
         // Past the cache's end, and q sharing k's buffer, are refused.
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        assert!(qk_rope::encode(&ctx, &mut enc, &table, &b, t, n_head, n_kv, norm_arg, n_ctx).is_err());
+        assert!(
+            qk_rope::encode(&ctx, &mut enc, &table, &b, t, n_head, n_kv, norm_arg, n_ctx).is_err()
+        );
         let shared = QkvBuffers { q: &kvb, ..b };
-        assert!(qk_rope::encode(&ctx, &mut enc, &table, &shared, t, n_head, n_kv, norm_arg, 0).is_err());
+        assert!(
+            qk_rope::encode(&ctx, &mut enc, &table, &shared, t, n_head, n_kv, norm_arg, 0).is_err()
+        );
     }
-    tlog!("qk_rope: worst error {worst:.2e} (tolerance {:.0e})", tolerance("qk_rope"));
+    tlog!(
+        "qk_rope: worst error {worst:.2e} (tolerance {:.0e})",
+        tolerance("qk_rope")
+    );
 });
 
 gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
@@ -411,15 +636,28 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
     let mut rng = Rng::new(29);
     let eps = 1e-6f32;
     let mut worst = 0.0f64;
-    let cases = [(4u32, 1u32, 256usize, 256usize, RopeType::Neox, 1u32, true), (6, 2, 64, 32, RopeType::Norm, 3, true), (6, 2, 64, 64, RopeType::Neox, 5, false)];
+    let cases = [
+        (4u32, 1u32, 256usize, 256usize, RopeType::Neox, 1u32, true),
+        (6, 2, 64, 32, RopeType::Norm, 3, true),
+        (6, 2, 64, 64, RopeType::Neox, 5, false),
+    ];
     for (n_head, n_kv, hd, n_rot, rt, t, norm) in cases {
-        let what = format!("fused {n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm}");
+        let what = format!(
+            "fused {n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm}"
+        );
         let mut c = RopeConfig::new(hd, 10000.0, rt);
         c.n_rot = n_rot;
         let n_ctx = 20u32;
         let cache = KvCache::new(
             &ctx,
-            KvCacheConfig { n_ctx, n_kv_heads: n_kv, head_dim: hd as u32, layer_ropes: vec![c.clone()], shift_workgroup_size: None, max_scratch_cells: None },
+            KvCacheConfig {
+                n_ctx,
+                n_kv_heads: n_kv,
+                head_dim: hd as u32,
+                layer_ropes: vec![c.clone()],
+                shift_workgroup_size: None,
+                max_scratch_cells: None,
+            },
         )
         .unwrap();
         let table = RopeTable::new(&ctx, &c).unwrap();
@@ -429,12 +667,22 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
         let (q_col, k_col) = (5usize, 5 + qw + 3);
         let v_col = k_col + kw;
         let stride = v_col + kw + 2;
-        let src: Vec<f32> = rng.vec(t as usize * stride).iter().map(|v| v * 4.0 + 0.2).collect();
-        let cols = |c0: usize, w: usize| -> Vec<f32> { (0..t as usize).flat_map(|i| src[i * stride + c0..i * stride + c0 + w].to_vec()).collect() };
+        let src: Vec<f32> = rng
+            .vec(t as usize * stride)
+            .iter()
+            .map(|v| v * 4.0 + 0.2)
+            .collect();
+        let cols = |c0: usize, w: usize| -> Vec<f32> {
+            (0..t as usize)
+                .flat_map(|i| src[i * stride + c0..i * stride + c0 + w].to_vec())
+                .collect()
+        };
         let (q, k, v) = (cols(q_col, qw), cols(k_col, kw), cols(v_col, kw));
         let w: Vec<f32> = rng.vec(2 * hd).iter().map(|v| 1.0 + v).collect();
         let sb = ctx.storage_buffer("qkv", bytemuck::cast_slice(&src));
-        let qo = ctx.empty_storage("q out", (t as usize * qw * 4) as u64).unwrap();
+        let qo = ctx
+            .empty_storage("q out", (t as usize * qw * 4) as u64)
+            .unwrap();
         let wb = ctx.storage_buffer("qk norm", bytemuck::cast_slice(&w));
         let f = qk_rope::FusedQkv {
             src: &sb,
@@ -449,10 +697,29 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
         let norm_arg = if norm { Some((&wb, eps)) } else { None };
         submit(&ctx, |enc| {
             let mut rec = Recorder::new(&ctx);
-            qk_rope::prepare_fused(&mut rec, &table, &f, t, n_head, n_kv, norm_arg, pos0, ctx.zero_step()).unwrap();
+            qk_rope::prepare_fused(
+                &mut rec,
+                &table,
+                &f,
+                t,
+                n_head,
+                n_kv,
+                norm_arg,
+                pos0,
+                ctx.zero_step(),
+            )
+            .unwrap();
             rec.encode(enc).unwrap();
         });
-        let (want_q, want_k) = qk_rope::reference(&table, &q, &k, n_head as usize, n_kv as usize, if norm { Some((&w, eps)) } else { None }, pos0);
+        let (want_q, want_k) = qk_rope::reference(
+            &table,
+            &q,
+            &k,
+            n_head as usize,
+            n_kv as usize,
+            if norm { Some((&w, eps)) } else { None },
+            pos0,
+        );
         let got_q = read(&ctx, &qo, 0, q.len()).await;
         let kc = read(&ctx, cache.k(0), 0, n_ctx as usize * kw).await;
         let vc = read(&ctx, cache.v(0), 0, n_ctx as usize * kw).await;
@@ -460,26 +727,75 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
         let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
         let (wq, wk) = (to64(&want_q), to64(&want_k));
         let (dq, dk) = (row_max(&wq, hd), row_max(&wk, hd));
-        worst = worst.max(check("qk_rope", &format!("{what}: q"), &got_q, &wq, |i| dq[i]));
-        worst = worst.max(check("qk_rope", &format!("{what}: k cells"), &kc[cells.clone()], &wk, |i| dk[i]));
+        worst = worst.max(check("qk_rope", &format!("{what}: q"), &got_q, &wq, |i| {
+            dq[i]
+        }));
+        worst = worst.max(check(
+            "qk_rope",
+            &format!("{what}: k cells"),
+            &kc[cells.clone()],
+            &wk,
+            |i| dk[i],
+        ));
         assert_eq!(&vc[cells.clone()], &v[..], "{what}: V cells");
-        assert!(kc[..cells.start].iter().chain(&kc[cells.end..]).all(|&v| v == 0.0), "{what}: K written outside its cells");
-        assert_eq!(read(&ctx, &sb, 0, src.len()).await, src, "{what}: the source is read only");
+        assert!(
+            kc[..cells.start]
+                .iter()
+                .chain(&kc[cells.end..])
+                .all(|&v| v == 0.0),
+            "{what}: K written outside its cells"
+        );
+        assert_eq!(
+            read(&ctx, &sb, 0, src.len()).await,
+            src,
+            "{what}: the source is read only"
+        );
         // Columns past the row, and the roped q written over the source, are refused.
         let mut rec = Recorder::new(&ctx);
-        let past = qk_rope::FusedQkv { v_col: (stride - kw + 1) as u64, ..f };
-        assert!(qk_rope::prepare_fused(&mut rec, &table, &past, t, n_head, n_kv, norm_arg, pos0, ctx.zero_step()).is_err());
+        let past = qk_rope::FusedQkv {
+            v_col: (stride - kw + 1) as u64,
+            ..f
+        };
+        assert!(qk_rope::prepare_fused(
+            &mut rec,
+            &table,
+            &past,
+            t,
+            n_head,
+            n_kv,
+            norm_arg,
+            pos0,
+            ctx.zero_step()
+        )
+        .is_err());
         let over = qk_rope::FusedQkv { q_out: &sb, ..f };
-        assert!(qk_rope::prepare_fused(&mut rec, &table, &over, t, n_head, n_kv, norm_arg, pos0, ctx.zero_step()).is_err());
+        assert!(qk_rope::prepare_fused(
+            &mut rec,
+            &table,
+            &over,
+            t,
+            n_head,
+            n_kv,
+            norm_arg,
+            pos0,
+            ctx.zero_step()
+        )
+        .is_err());
     }
-    tlog!("qk_rope fused: worst error {worst:.2e} (tolerance {:.0e})", tolerance("qk_rope"));
+    tlog!(
+        "qk_rope fused: worst error {worst:.2e} (tolerance {:.0e})",
+        tolerance("qk_rope")
+    );
 });
 
 gpu_test!(rope_kv_write_lands_in_cells_pos0_on, async {
     let ctx = common::context().await;
     let mut rng = Rng::new(12);
     // (n_kv_heads, head_dim, n_rot, layout): the real model's 1 x 256 NeoX; 2 x 64 NORM, n_rot 32.
-    for (n_kv, hd, n_rot, rt) in [(1u32, 256usize, 256usize, RopeType::Neox), (2, 64, 32, RopeType::Norm)] {
+    for (n_kv, hd, n_rot, rt) in [
+        (1u32, 256usize, 256usize, RopeType::Neox),
+        (2, 64, 32, RopeType::Norm),
+    ] {
         let mut c = RopeConfig::new(hd, 10000.0, rt);
         c.n_rot = n_rot;
         let n_ctx = 16u32;
@@ -503,22 +819,72 @@ gpu_test!(rope_kv_write_lands_in_cells_pos0_on, async {
         let (k_off, v_off) = (2usize, 2 + t as usize * row);
         let kvb = ctx.storage_buffer("kv", bytemuck::cast_slice(&kv));
         submit(&ctx, |enc| {
-            rope::encode_kv_write(&ctx, enc, &table, &kvb, k_off as u64, &kvb, v_off as u64, t, n_kv, pos0, cache.k(1), cache.v(1)).unwrap()
+            rope::encode_kv_write(
+                &ctx,
+                enc,
+                &table,
+                &kvb,
+                k_off as u64,
+                &kvb,
+                v_off as u64,
+                t,
+                n_kv,
+                pos0,
+                cache.k(1),
+                cache.v(1),
+            )
+            .unwrap()
         });
         let kc = read(&ctx, cache.k(1), 0, n_ctx as usize * row).await;
         let vc = read(&ctx, cache.v(1), 0, n_ctx as usize * row).await;
         let k = &kv[k_off..v_off];
         let want = rope::reference(&c, k, n_kv as usize, pos0);
         let cells = pos0 as usize * row..(pos0 + t) as usize * row;
-        rope_errors(&c, k, &kc[cells.clone()], &want, &format!("kv_write {rt:?} {n_kv}x{hd}"));
-        assert_eq!(&vc[cells.clone()], &kv[v_off..v_off + t as usize * row], "V cells");
-        assert!(kc[..cells.start].iter().chain(&kc[cells.end..]).all(|&v| v == 0.0), "K written outside cells {pos0}..");
-        assert!(vc[..cells.start].iter().chain(&vc[cells.end..]).all(|&v| v == 0.0), "V written outside cells {pos0}..");
+        rope_errors(
+            &c,
+            k,
+            &kc[cells.clone()],
+            &want,
+            &format!("kv_write {rt:?} {n_kv}x{hd}"),
+        );
+        assert_eq!(
+            &vc[cells.clone()],
+            &kv[v_off..v_off + t as usize * row],
+            "V cells"
+        );
+        assert!(
+            kc[..cells.start]
+                .iter()
+                .chain(&kc[cells.end..])
+                .all(|&v| v == 0.0),
+            "K written outside cells {pos0}.."
+        );
+        assert!(
+            vc[..cells.start]
+                .iter()
+                .chain(&vc[cells.end..])
+                .all(|&v| v == 0.0),
+            "V written outside cells {pos0}.."
+        );
         let k0 = read(&ctx, cache.k(0), 0, n_ctx as usize * row).await;
         assert!(k0.iter().all(|&v| v == 0.0), "another layer was written");
         // Past the cache's end is refused.
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        assert!(rope::encode_kv_write(&ctx, &mut enc, &table, &kvb, 0, &kvb, 0, t, n_kv, n_ctx - 2, cache.k(1), cache.v(1)).is_err());
+        assert!(rope::encode_kv_write(
+            &ctx,
+            &mut enc,
+            &table,
+            &kvb,
+            0,
+            &kvb,
+            0,
+            t,
+            n_kv,
+            n_ctx - 2,
+            cache.k(1),
+            cache.v(1)
+        )
+        .is_err());
     }
 });
 
@@ -533,56 +899,151 @@ gpu_test!(glu_silu_gelu_shapes_and_aliasing, async {
         // One row of 37: three separate buffers.
         let g: Vec<f32> = rng.vec(37).iter().map(|v| v * 12.0).collect();
         let u = rng.vec(37);
-        let (gb, ub) = (ctx.storage_buffer("g", bytemuck::cast_slice(&g)), ctx.storage_buffer("u", bytemuck::cast_slice(&u)));
+        let (gb, ub) = (
+            ctx.storage_buffer("g", bytemuck::cast_slice(&g)),
+            ctx.storage_buffer("u", bytemuck::cast_slice(&u)),
+        );
         let ob = ctx.empty_storage("o", 37 * 4).unwrap();
         submit(&ctx, |enc| {
-            glu::encode(&ctx, enc, act, View::rows(&gb, 0, 37), View::rows(&ub, 0, 37), View::rows(&ob, 0, 37), 1, 37).unwrap()
+            glu::encode(
+                &ctx,
+                enc,
+                act,
+                View::rows(&gb, 0, 37),
+                View::rows(&ub, 0, 37),
+                View::rows(&ob, 0, 37),
+                1,
+                37,
+            )
+            .unwrap()
         });
         let want = glu::reference(act, &g, &u);
         let denom = |i: usize| (u[i].abs() * g[i].abs().max(1.0)) as f64;
-        worst = worst.max(check("glu", &format!("{act:?} 1x37"), &read(&ctx, &ob, 0, 37).await, &want, denom));
+        worst = worst.max(check(
+            "glu",
+            &format!("{act:?} 1x37"),
+            &read(&ctx, &ob, 0, 37).await,
+            &want,
+            denom,
+        ));
 
         // The real model's FFN: (3, 2 * 2048) fused gate|up in one buffer, out elsewhere, then
         // in place into the gate half of the same buffer (gate, up and out all one buffer).
         let (t, nff) = (3usize, 2048usize);
         let fused: Vec<f32> = rng.vec(1 + t * 2 * nff).iter().map(|v| v * 6.0).collect();
-        let gate: Vec<f32> = (0..t).flat_map(|r| fused[1 + r * 2 * nff..1 + r * 2 * nff + nff].to_vec()).collect();
-        let up: Vec<f32> = (0..t).flat_map(|r| fused[1 + r * 2 * nff + nff..1 + (r + 1) * 2 * nff].to_vec()).collect();
+        let gate: Vec<f32> = (0..t)
+            .flat_map(|r| fused[1 + r * 2 * nff..1 + r * 2 * nff + nff].to_vec())
+            .collect();
+        let up: Vec<f32> = (0..t)
+            .flat_map(|r| fused[1 + r * 2 * nff + nff..1 + (r + 1) * 2 * nff].to_vec())
+            .collect();
         let want = glu::reference(act, &gate, &up);
         let denom = |i: usize| (up[i].abs() * gate[i].abs().max(1.0)) as f64;
         let fb = ctx.storage_buffer("fused", bytemuck::cast_slice(&fused));
         let ob = ctx.empty_storage("o", (t * nff * 4) as u64).unwrap();
-        let gv = View { buffer: &fb, offset: 1, stride: 2 * nff as u64 };
-        let uv = View { buffer: &fb, offset: 1 + nff as u64, stride: 2 * nff as u64 };
+        let gv = View {
+            buffer: &fb,
+            offset: 1,
+            stride: 2 * nff as u64,
+        };
+        let uv = View {
+            buffer: &fb,
+            offset: 1 + nff as u64,
+            stride: 2 * nff as u64,
+        };
         submit(&ctx, |enc| {
-            glu::encode(&ctx, enc, act, gv, uv, View::rows(&ob, 0, nff as u64), t as u32, nff as u32).unwrap();
+            glu::encode(
+                &ctx,
+                enc,
+                act,
+                gv,
+                uv,
+                View::rows(&ob, 0, nff as u64),
+                t as u32,
+                nff as u32,
+            )
+            .unwrap();
             glu::encode(&ctx, enc, act, gv, uv, gv, t as u32, nff as u32).unwrap();
         });
-        worst = worst.max(check("glu", &format!("{act:?} {t}x{nff} fused halves"), &read(&ctx, &ob, 0, t * nff).await, &want, denom));
+        worst = worst.max(check(
+            "glu",
+            &format!("{act:?} {t}x{nff} fused halves"),
+            &read(&ctx, &ob, 0, t * nff).await,
+            &want,
+            denom,
+        ));
         let inplace = read(&ctx, &fb, 0, fused.len()).await;
-        let got: Vec<f32> = (0..t).flat_map(|r| inplace[1 + r * 2 * nff..1 + r * 2 * nff + nff].to_vec()).collect();
-        worst = worst.max(check("glu", &format!("{act:?} in place into the gate half"), &got, &want, denom));
+        let got: Vec<f32> = (0..t)
+            .flat_map(|r| inplace[1 + r * 2 * nff..1 + r * 2 * nff + nff].to_vec())
+            .collect();
+        worst = worst.max(check(
+            "glu",
+            &format!("{act:?} in place into the gate half"),
+            &got,
+            &want,
+            denom,
+        ));
 
         // Out in up's buffer (in place over up), gate separate.
         let ub2 = ctx.storage_buffer("u2", bytemuck::cast_slice(&up));
         let gb2 = ctx.storage_buffer("g2", bytemuck::cast_slice(&gate));
         let n = (t * nff) as u64;
         submit(&ctx, |enc| {
-            glu::encode(&ctx, enc, act, View::rows(&gb2, 0, n), View::rows(&ub2, 0, n), View::rows(&ub2, 0, n), 1, n as u32).unwrap()
+            glu::encode(
+                &ctx,
+                enc,
+                act,
+                View::rows(&gb2, 0, n),
+                View::rows(&ub2, 0, n),
+                View::rows(&ub2, 0, n),
+                1,
+                n as u32,
+            )
+            .unwrap()
         });
-        worst = worst.max(check("glu", &format!("{act:?} in place over up"), &read(&ctx, &ub2, 0, n as usize).await, &want, denom));
+        worst = worst.max(check(
+            "glu",
+            &format!("{act:?} in place over up"),
+            &read(&ctx, &ub2, 0, n as usize).await,
+            &want,
+            denom,
+        ));
     }
     // Saturation: large |gate| gives finite values.
     let g = [-100.0f32, -30.0, 30.0, 100.0, 0.0];
     let u = [1.0f32; 5];
     for act in [Activation::Silu, Activation::GeluTanh] {
-        let (gb, ub) = (ctx.storage_buffer("g", bytemuck::cast_slice(&g)), ctx.storage_buffer("u", bytemuck::cast_slice(&u)));
+        let (gb, ub) = (
+            ctx.storage_buffer("g", bytemuck::cast_slice(&g)),
+            ctx.storage_buffer("u", bytemuck::cast_slice(&u)),
+        );
         let ob = ctx.empty_storage("o", 20).unwrap();
-        submit(&ctx, |enc| glu::encode(&ctx, enc, act, View::rows(&gb, 0, 5), View::rows(&ub, 0, 5), View::rows(&ob, 0, 5), 1, 5).unwrap());
+        submit(&ctx, |enc| {
+            glu::encode(
+                &ctx,
+                enc,
+                act,
+                View::rows(&gb, 0, 5),
+                View::rows(&ub, 0, 5),
+                View::rows(&ob, 0, 5),
+                1,
+                5,
+            )
+            .unwrap()
+        });
         let got = read(&ctx, &ob, 0, 5).await;
-        check("glu", &format!("{act:?} saturation"), &got, &glu::reference(act, &g, &u), |i| g[i].abs().max(1.0) as f64);
+        check(
+            "glu",
+            &format!("{act:?} saturation"),
+            &got,
+            &glu::reference(act, &g, &u),
+            |i| g[i].abs().max(1.0) as f64,
+        );
     }
-    tlog!("glu: worst error {worst:.2e} (tolerance {:.0e})", tolerance("glu"));
+    tlog!(
+        "glu: worst error {worst:.2e} (tolerance {:.0e})",
+        tolerance("glu")
+    );
 });
 
 // ---------------------------------------------------------------------------------------------
@@ -593,7 +1054,10 @@ gpu_test!(elementwise_add_scaled_bias_scale_and_aliasing, async {
     let mut rng = Rng::new(14);
     let mut worst = 0.0f64;
     let denom = |a: &[f32], b: &[f32], s: f32, bl: usize| -> Vec<f64> {
-        a.iter().enumerate().map(|(i, &x)| x.abs() as f64 + (b[i % bl] * s).abs() as f64).collect()
+        a.iter()
+            .enumerate()
+            .map(|(i, &x)| x.abs() as f64 + (b[i % bl] * s).abs() as f64)
+            .collect()
     };
     for (n_rows, n_cols) in [(1u32, 1u32), (1, 641), (3, 640), (2, 2048)] {
         let n = (n_rows * n_cols) as usize;
@@ -609,33 +1073,89 @@ gpu_test!(elementwise_add_scaled_bias_scale_and_aliasing, async {
         let nc = n_cols as u64;
         // Three buffers, then in place (out = a: the residual add).
         submit(&ctx, |enc| {
-            elementwise::add_scaled(&ctx, enc, View::rows(&ab, 2, nc), View::rows(&bb, 3, nc), s, View::rows(&ob, 1, nc), n_rows, n_cols)
-                .unwrap();
-            elementwise::add_scaled(&ctx, enc, View::rows(&ab, 2, nc), View::rows(&bb, 3, nc), s, View::rows(&ab, 2, nc), n_rows, n_cols)
-                .unwrap();
+            elementwise::add_scaled(
+                &ctx,
+                enc,
+                View::rows(&ab, 2, nc),
+                View::rows(&bb, 3, nc),
+                s,
+                View::rows(&ob, 1, nc),
+                n_rows,
+                n_cols,
+            )
+            .unwrap();
+            elementwise::add_scaled(
+                &ctx,
+                enc,
+                View::rows(&ab, 2, nc),
+                View::rows(&bb, 3, nc),
+                s,
+                View::rows(&ab, 2, nc),
+                n_rows,
+                n_cols,
+            )
+            .unwrap();
         });
-        worst = worst.max(check("elementwise", &format!("add {what}"), &read(&ctx, &ob, 1, n).await, &want, |i| d[i]));
-        worst = worst.max(check("elementwise", &format!("add in place {what}"), &read(&ctx, &ab, 2, n).await, &want, |i| d[i]));
+        worst = worst.max(check(
+            "elementwise",
+            &format!("add {what}"),
+            &read(&ctx, &ob, 1, n).await,
+            &want,
+            |i| d[i],
+        ));
+        worst = worst.max(check(
+            "elementwise",
+            &format!("add in place {what}"),
+            &read(&ctx, &ab, 2, n).await,
+            &want,
+            |i| d[i],
+        ));
         // a and b in one buffer, out in another; then all three in one buffer (out = b's range).
         let mut ab2 = a[2..].to_vec();
         ab2.extend(&b[3..]);
         let one = ctx.storage_buffer("a|b", bytemuck::cast_slice(&ab2));
         submit(&ctx, |enc| {
             let (av, bv) = (View::rows(&one, 0, nc), View::rows(&one, n as u64, nc));
-            elementwise::add_scaled(&ctx, enc, av, bv, s, View::rows(&ob, 1, nc), n_rows, n_cols).unwrap();
+            elementwise::add_scaled(&ctx, enc, av, bv, s, View::rows(&ob, 1, nc), n_rows, n_cols)
+                .unwrap();
             elementwise::add_scaled(&ctx, enc, av, bv, s, bv, n_rows, n_cols).unwrap();
         });
-        worst = worst.max(check("elementwise", &format!("add a|b {what}"), &read(&ctx, &ob, 1, n).await, &want, |i| d[i]));
-        worst = worst.max(check("elementwise", &format!("add all in one {what}"), &read(&ctx, &one, n as u64, n).await, &want, |i| d[i]));
+        worst = worst.max(check(
+            "elementwise",
+            &format!("add a|b {what}"),
+            &read(&ctx, &ob, 1, n).await,
+            &want,
+            |i| d[i],
+        ));
+        worst = worst.max(check(
+            "elementwise",
+            &format!("add all in one {what}"),
+            &read(&ctx, &one, n as u64, n).await,
+            &want,
+            |i| d[i],
+        ));
         // Scale in place.
         let xb = ctx.storage_buffer("x", bytemuck::cast_slice(&b));
-        submit(&ctx, |enc| elementwise::scale(&ctx, enc, View::rows(&xb, 3, nc), 1.0 / 16.0, n_rows, n_cols).unwrap());
+        submit(&ctx, |enc| {
+            elementwise::scale(
+                &ctx,
+                enc,
+                View::rows(&xb, 3, nc),
+                1.0 / 16.0,
+                n_rows,
+                n_cols,
+            )
+            .unwrap()
+        });
         let got = read(&ctx, &xb, 0, 3 + n).await;
         assert_eq!(&got[..3], &b[..3]);
-        worst =
-            worst.max(check("elementwise", &format!("scale {what}"), &got[3..], &elementwise::reference_scale(&b[3..], 1.0 / 16.0), |i| {
-                b[3 + i].abs() as f64
-            }));
+        worst = worst.max(check(
+            "elementwise",
+            &format!("scale {what}"),
+            &got[3..],
+            &elementwise::reference_scale(&b[3..], 1.0 / 16.0),
+            |i| b[3 + i].abs() as f64,
+        ));
     }
     // Bias (37) added to 3 rows 40 apart (a strided view), leaving the gaps alone.
     let (rows, cols, stride) = (3usize, 37usize, 40usize);
@@ -644,15 +1164,40 @@ gpu_test!(elementwise_add_scaled_bias_scale_and_aliasing, async {
     let xb = ctx.storage_buffer("x", bytemuck::cast_slice(&x));
     let bt = f32_tensor(&ctx, "bias", &bias);
     submit(&ctx, |enc| {
-        elementwise::bias_add(&ctx, enc, View { buffer: &xb, offset: 0, stride: stride as u64 }, &bt, rows as u32, cols as u32).unwrap()
+        elementwise::bias_add(
+            &ctx,
+            enc,
+            View {
+                buffer: &xb,
+                offset: 0,
+                stride: stride as u64,
+            },
+            &bt,
+            rows as u32,
+            cols as u32,
+        )
+        .unwrap()
     });
     let got = read(&ctx, &xb, 0, x.len()).await;
     for r in 0..rows {
         let row: Vec<f32> = x[r * stride..r * stride + cols].to_vec();
         let want = elementwise::reference_add_scaled(&row, &bias, 1.0, cols);
         let d = denom(&row, &bias, 1.0, cols);
-        worst = worst.max(check("elementwise", &format!("bias row {r}"), &got[r * stride..r * stride + cols], &want, |i| d[i]));
-        assert_eq!(&got[r * stride + cols..(r + 1) * stride], &x[r * stride + cols..(r + 1) * stride], "bias: gap of row {r}");
+        worst = worst.max(check(
+            "elementwise",
+            &format!("bias row {r}"),
+            &got[r * stride..r * stride + cols],
+            &want,
+            |i| d[i],
+        ));
+        assert_eq!(
+            &got[r * stride + cols..(r + 1) * stride],
+            &x[r * stride + cols..(r + 1) * stride],
+            "bias: gap of row {r}"
+        );
     }
-    tlog!("elementwise: worst error {worst:.2e} (tolerance {:.0e})", tolerance("elementwise"));
+    tlog!(
+        "elementwise: worst error {worst:.2e} (tolerance {:.0e})",
+        tolerance("elementwise")
+    );
 });

@@ -22,14 +22,21 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 fn model_path() -> std::path::PathBuf {
     let p = std::env::var("CERA_TEST_MODEL")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf"));
-    assert!(p.exists(), "{} is missing: run scripts/fetch-model (npm test does)", p.display());
+        .unwrap_or_else(|_| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf")
+        });
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-model (npm test does)",
+        p.display()
+    );
     p
 }
 
 #[cfg(target_arch = "wasm32")]
 fn model_url() -> &'static str {
-    option_env!("CERA_TEST_MODEL_URL").expect("build with CERA_TEST_MODEL_URL set to the served model (npm test does)")
+    option_env!("CERA_TEST_MODEL_URL")
+        .expect("build with CERA_TEST_MODEL_URL set to the served model (npm test does)")
 }
 
 fn now_s() -> f64 {
@@ -39,7 +46,10 @@ fn now_s() -> f64 {
     }
     #[cfg(not(target_arch = "wasm32"))]
     {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
     }
 }
 
@@ -51,7 +61,9 @@ async fn load(ctx: &cera_web::gpu::GpuContext) -> LoadedModel {
     #[cfg(target_arch = "wasm32")]
     {
         let mut last = None;
-        let m = cera_web::web::fetch::load_url(ctx, model_url(), &mut |p| last = Some(p)).await.expect("load");
+        let m = cera_web::web::fetch::load_url(ctx, model_url(), &mut |p| last = Some(p))
+            .await
+            .expect("load");
         let p = last.expect("progress reported");
         assert_eq!(Some(p.loaded_bytes), p.total_bytes);
         assert_eq!(p.tensors_loaded, p.tensors_total);
@@ -72,7 +84,9 @@ async fn file_bytes(start: u64, end: u64) -> Vec<u8> {
     }
     #[cfg(target_arch = "wasm32")]
     {
-        cera_web::web::fetch::range(model_url(), start, end).await.unwrap()
+        cera_web::web::fetch::range(model_url(), start, end)
+            .await
+            .unwrap()
     }
 }
 
@@ -82,7 +96,9 @@ async fn real_model_loads_and_matches_cpu() {
 
 /// On a device with exactly the WebGPU default limits (128 MiB bindings), as many pages get.
 async fn real_model_under_default_limits() {
-    let ctx = cera_web::gpu::GpuContext::new(&cera_web::gpu::LimitRequest::webgpu_defaults()).await.unwrap();
+    let ctx = cera_web::gpu::GpuContext::new(&cera_web::gpu::LimitRequest::webgpu_defaults())
+        .await
+        .unwrap();
     assert_eq!(ctx.limits.max_storage_buffer_binding_size, 128 << 20);
     check_on(ctx).await
 }
@@ -92,7 +108,10 @@ async fn check_on(ctx: cera_web::gpu::GpuContext) {
     let model = load(&ctx).await;
     let load_s = now_s() - t0;
     #[cfg(target_arch = "wasm32")]
-    tlog!("real model: loaded in {load_s:.2} s; wasm memory after load {} MiB", cera_web::web::fetch::wasm_memory_bytes() >> 20);
+    tlog!(
+        "real model: loaded in {load_s:.2} s; wasm memory after load {} MiB",
+        cera_web::web::fetch::wasm_memory_bytes() >> 20
+    );
     #[cfg(not(target_arch = "wasm32"))]
     tlog!("real model: loaded in {load_s:.2} s");
     let h = model.header.clone();
@@ -102,19 +121,33 @@ async fn check_on(ctx: cera_web::gpu::GpuContext) {
     // more bits).
     assert_eq!(h.tensors().len(), 236);
     let ty = |n: String| h.tensor(&n).unwrap().ty;
-    let v_fused = (0..18).filter(|l| ty(format!("blk.{l}.attn_v.weight")) == ty(format!("blk.{l}.attn_k.weight"))).count();
+    let v_fused = (0..18)
+        .filter(|l| ty(format!("blk.{l}.attn_v.weight")) == ty(format!("blk.{l}.attn_k.weight")))
+        .count();
     assert!(v_fused > 0 && v_fused < 18, "{v_fused} layers with v fused");
     assert_eq!(model.fused.len(), 4 * 18 + v_fused);
     assert_eq!(model.tensors.len(), 236 - 2 * 18 - v_fused);
-    tlog!("plan: {:?}, {} buffers, {} split", model.plan.gpu_bytes_per_type, model.plan.buffers, model.plan.split_tensors);
+    tlog!(
+        "plan: {:?}, {} buffers, {} split",
+        model.plan.gpu_bytes_per_type,
+        model.plan.buffers,
+        model.plan.split_tensors
+    );
     if ctx.limits.max_binding() < 178_257_920 {
-        assert!(model.tensor("token_embd.weight").unwrap().parts.len() >= 2, "token_embd must split under this binding limit");
+        assert!(
+            model.tensor("token_embd.weight").unwrap().parts.len() >= 2,
+            "token_embd must split under this binding limit"
+        );
     }
 
     // One tensor of each type in the file (token_embd is the Q8_0 one), plus attn_q of layer 0.
     let mut names: Vec<String> = vec!["token_embd.weight".into(), "blk.0.attn_q.weight".into()];
     for ty in [GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K, GgmlType::F32] {
-        let t = h.tensors().iter().find(|t| t.ty == ty).unwrap_or_else(|| panic!("no {ty} tensor"));
+        let t = h
+            .tensors()
+            .iter()
+            .find(|t| t.ty == ty)
+            .unwrap_or_else(|| panic!("no {ty} tensor"));
         names.push(t.name.clone());
     }
     let mut rng = Rng::new(2024);
@@ -144,13 +177,28 @@ async fn check_on(ctx: cera_web::gpu::GpuContext) {
             let mut w = vec![0f32; t.cols as usize];
             dequantize(info.ty, &bytes, &mut w).unwrap();
             let want: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-            let scale: f64 = w.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum::<f64>().max(1e-6);
+            let scale: f64 = w
+                .iter()
+                .zip(&x)
+                .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                .sum::<f64>()
+                .max(1e-6);
             let g = got[(first + r) as usize] as f64;
             let err = (g - want).abs() / scale;
-            assert!(err < 1e-5, "{name} ({}) row {r}: gpu {g} vs cpu {want} (rel {err:e})", info.ty);
+            assert!(
+                err < 1e-5,
+                "{name} ({}) row {r}: gpu {g} vs cpu {want} (rel {err:e})",
+                info.ty
+            );
         }
         tlog!("{name} ({}, {n_rows} x {}, rows {first}.. of {}, {} parts): GPU rows match the CPU dequantization", info.ty, t.cols, t.name, t.parts.len());
     }
 }
-gpu_test!(real_model_loads_and_rows_match_cpu_dequant, real_model_loads_and_matches_cpu());
-gpu_test!(real_model_under_webgpu_default_limits_splits_token_embd, real_model_under_default_limits());
+gpu_test!(
+    real_model_loads_and_rows_match_cpu_dequant,
+    real_model_loads_and_matches_cpu()
+);
+gpu_test!(
+    real_model_under_webgpu_default_limits_splits_token_embd,
+    real_model_under_default_limits()
+);

@@ -21,7 +21,12 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 async fn generate(s: &mut Session, prompt: &[u32], n: u32) -> cera_web::Result<Vec<u32>> {
     let mut ids = Vec::new();
-    let opts = GenerateOptions { max_tokens: n, stop: vec![], sampler: SamplerParams::greedy(), constraint: None };
+    let opts = GenerateOptions {
+        max_tokens: n,
+        stop: vec![],
+        sampler: SamplerParams::greedy(),
+        constraint: None,
+    };
     s.generate(prompt, &opts, &mut |id, _| {
         ids.push(id);
         true
@@ -35,7 +40,12 @@ async fn session_refusals() {
     let weights = common::load_bytes(&ctx, &common::tiny_llama_gguf(5, 1, false)).unwrap();
     let tok = Arc::new(Tokenizer::from_gguf(&weights.header).unwrap());
     let model = Arc::new(Model::new(&ctx, weights).await.unwrap());
-    let opts = SessionOptions { n_ctx: 48, n_keep: 4, batch: 8, ..Default::default() };
+    let opts = SessionOptions {
+        n_ctx: 48,
+        n_keep: 4,
+        batch: 8,
+        ..Default::default()
+    };
     let mut s = Session::new(ctx.clone(), model.clone(), tok.clone(), opts.clone()).unwrap();
     let prompt: Vec<u32> = (0..20).map(|i| 3 + (i * 37) % 250).collect();
     let want = generate(&mut s, &prompt, 6).await.unwrap();
@@ -47,17 +57,36 @@ async fn session_refusals() {
     bad.push(256);
     let e = generate(&mut s, &bad, 6).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidArgument, "{e}");
-    assert!(e.message.contains("token id 256 is outside the vocabulary of 256"), "{e}");
+    assert!(
+        e.message
+            .contains("token id 256 is outside the vocabulary of 256"),
+        "{e}"
+    );
     assert_eq!(s.feed(&bad).unwrap_err().code, ErrorCode::InvalidArgument);
     let mut sampler = cera_web::generate::sampler::Sampler::new(SamplerParams::greedy());
-    assert_eq!(s.step(&bad, &mut sampler).await.unwrap_err().code, ErrorCode::InvalidArgument);
-    assert_eq!((s.n_past(), s.tokens().len(), s.shifts), (0, 0, 0), "a refused prompt changed the session");
-    assert_eq!(generate(&mut s, &prompt, 6).await.unwrap(), want, "the session works as before");
+    assert_eq!(
+        s.step(&bad, &mut sampler).await.unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
+    assert_eq!(
+        (s.n_past(), s.tokens().len(), s.shifts),
+        (0, 0, 0),
+        "a refused prompt changed the session"
+    );
+    assert_eq!(
+        generate(&mut s, &prompt, 6).await.unwrap(),
+        want,
+        "the session works as before"
+    );
 
     // Also when the context is full: the refusal comes before the shift it would need.
     s.reset();
-    s.feed(&(0..48).map(|i| 3 + i).collect::<Vec<u32>>()).unwrap();
-    assert_eq!(s.feed(&[5, u32::MAX]).unwrap_err().code, ErrorCode::InvalidArgument);
+    s.feed(&(0..48).map(|i| 3 + i).collect::<Vec<u32>>())
+        .unwrap();
+    assert_eq!(
+        s.feed(&[5, u32::MAX]).unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
     assert_eq!((s.n_past(), s.shifts), (48, 0));
 
     // A prompt that cannot fit the context after n_keep (44 of 48 or more): CONTEXT_FULL, and
@@ -66,25 +95,52 @@ async fn session_refusals() {
     let long: Vec<u32> = (0..44).map(|i| 3 + (i * 11) % 250).collect();
     let e = generate(&mut s, &long, 4).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::ContextFull, "{e}");
-    assert!(e.message.contains("the prompt has 44 tokens; it does not fit the context of 48 tokens (n_keep 4)"), "{e}");
+    assert!(
+        e.message.contains(
+            "the prompt has 44 tokens; it does not fit the context of 48 tokens (n_keep 4)"
+        ),
+        "{e}"
+    );
     assert_eq!(s.n_past(), 0);
     assert_eq!(generate(&mut s, &long[..43], 8).await.unwrap().len(), 8);
     assert!(s.shifts >= 1);
 
     // Without context shift, generation stops with CONTEXT_FULL when the context is full.
-    let mut fixed = Session::new(ctx.clone(), model.clone(), tok.clone(), SessionOptions { context_shift: false, ..opts.clone() }).unwrap();
+    let mut fixed = Session::new(
+        ctx.clone(),
+        model.clone(),
+        tok.clone(),
+        SessionOptions {
+            context_shift: false,
+            ..opts.clone()
+        },
+    )
+    .unwrap();
     let e = generate(&mut fixed, &long[..40], 20).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::ContextFull, "{e}");
     assert!(fixed.n_past() <= 48);
 
     // Impossible options.
     for (n_ctx, n_keep) in [(48, 48), (48, 100), (1, 0), (0, 0)] {
-        let o = SessionOptions { n_ctx, n_keep, ..opts.clone() };
-        let e = Session::new(ctx.clone(), model.clone(), tok.clone(), o).err().expect("refused");
-        assert_eq!(e.code, ErrorCode::InvalidArgument, "n_ctx {n_ctx} n_keep {n_keep}: {e}");
+        let o = SessionOptions {
+            n_ctx,
+            n_keep,
+            ..opts.clone()
+        };
+        let e = Session::new(ctx.clone(), model.clone(), tok.clone(), o)
+            .err()
+            .expect("refused");
+        assert_eq!(
+            e.code,
+            ErrorCode::InvalidArgument,
+            "n_ctx {n_ctx} n_keep {n_keep}: {e}"
+        );
     }
 }
-gpu_test!(bad_ids_long_prompts_and_options_are_refused_and_change_nothing, session_refusals());
+gpu_test!(
+    bad_ids_long_prompts_and_options_are_refused_and_change_nothing,
+    session_refusals()
+);
 
 /// A valid small GGUF header, then `patch` applied to its bytes.
 fn header_bytes(patch: &dyn Fn(&mut GgufWriter)) -> Vec<u8> {
@@ -97,7 +153,10 @@ fn header_bytes(patch: &dyn Fn(&mut GgufWriter)) -> Vec<u8> {
 
 /// Replace the first occurrence of `from` (little-endian u64) in `b` by `to`.
 fn patch_u64(b: &mut [u8], from: u64, to: u64) {
-    let at = b.windows(8).position(|w| w == from.to_le_bytes()).expect("the value to patch");
+    let at = b
+        .windows(8)
+        .position(|w| w == from.to_le_bytes())
+        .expect("the value to patch");
     b[at..at + 8].copy_from_slice(&to.to_le_bytes());
 }
 
@@ -116,7 +175,11 @@ async fn gguf_refusals() {
     huge.meta("general.architecture", "llama");
     huge.tensor_f32("token_embd.weight", &[1 << 20, 1 << 20], &[0.0; 8]);
     let huge = huge.to_bytes();
-    for (what, bytes) in [("10^9 tensors", &many_tensors), ("a 10^8-entry vocabulary", &vocab), ("a 2^40-element tensor", &huge)] {
+    for (what, bytes) in [
+        ("10^9 tensors", &many_tensors),
+        ("a 10^8-entry vocabulary", &vocab),
+        ("a 2^40-element tensor", &huge),
+    ] {
         let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
         let mut result = Ok(());
         for piece in bytes.chunks(7) {
@@ -127,10 +190,16 @@ async fn gguf_refusals() {
         }
         let e = match result {
             Err(e) => e,
-            Ok(()) => loader.finish().err().unwrap_or_else(|| panic!("{what}: loaded")),
+            Ok(()) => loader
+                .finish()
+                .err()
+                .unwrap_or_else(|| panic!("{what}: loaded")),
         };
         tlog!("{what}: {:?}: {}", e.code, e.message);
-        assert!(matches!(e.code, ErrorCode::BadGguf | ErrorCode::AdapterTooSmall), "{what}: {e}");
+        assert!(
+            matches!(e.code, ErrorCode::BadGguf | ErrorCode::AdapterTooSmall),
+            "{what}: {e}"
+        );
     }
 
     // The 2^40-element tensor from a stream of unknown length that keeps sending bytes (8 MiB):
@@ -138,7 +207,12 @@ async fn gguf_refusals() {
     // the end of the stream refuses the model.
     #[cfg(not(target_arch = "wasm32"))]
     let live = || {
-        ctx.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).unwrap();
+        ctx.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .unwrap();
         ctx.device.get_internal_counters().hal.buffers.read()
     };
     #[cfg(not(target_arch = "wasm32"))]
@@ -150,8 +224,18 @@ async fn gguf_refusals() {
     }
     // One part buffer and wgpu's staging for the queued writes.
     #[cfg(not(target_arch = "wasm32"))]
-    assert!(live() - before <= 6, "{} GPU buffers made for 8 MiB of a declared 4 TiB tensor", live() - before);
-    let e = loader.finish().err().expect("a truncated 4 TiB tensor must not load");
+    assert!(
+        live() - before <= 6,
+        "{} GPU buffers made for 8 MiB of a declared 4 TiB tensor",
+        live() - before
+    );
+    let e = loader
+        .finish()
+        .err()
+        .expect("a truncated 4 TiB tensor must not load");
     assert_eq!(e.code, ErrorCode::BadGguf, "{e}");
 }
-gpu_test!(gguf_headers_declaring_absurd_sizes_are_refused, gguf_refusals());
+gpu_test!(
+    gguf_headers_declaring_absurd_sizes_are_refused,
+    gguf_refusals()
+);

@@ -45,7 +45,10 @@ gpu_test!(argmax_matches_cpu_over_awkward_sizes, async {
             let op = Argmax::new(&ctx, &buf, n as u32).unwrap();
             let got = op.run(&ctx).await.unwrap();
             let want = cpu_argmax(&v);
-            tlog!("argmax n={n} variant={variant}: stages={} gpu={got} cpu={want}", op.stages());
+            tlog!(
+                "argmax n={n} variant={variant}: stages={} gpu={got} cpu={want}",
+                op.stages()
+            );
             assert_eq!(got, want, "argmax n={n} variant={variant}");
         }
     }
@@ -59,11 +62,23 @@ gpu_test!(topk_matches_cpu_over_awkward_sizes, async {
         let op = TopK::new(&ctx, &buf, n as u32).unwrap();
         let got = op.run(&ctx).await.unwrap();
         let want = cpu_topk(&v, TOPK as usize);
-        tlog!("topk n={n}: stages={} kept={} max={} sum_exp={} (cpu {})", op.stages(), got.candidates.len(), got.max, got.sum_exp, want.sum_exp);
+        tlog!(
+            "topk n={n}: stages={} kept={} max={} sum_exp={} (cpu {})",
+            op.stages(),
+            got.candidates.len(),
+            got.max,
+            got.sum_exp,
+            want.sum_exp
+        );
         assert_eq!(got.candidates, want.candidates, "topk n={n}");
         assert_eq!(got.max, want.max, "topk max n={n}");
         let rel = ((got.sum_exp - want.sum_exp) / want.sum_exp).abs();
-        assert!(rel < 1e-4, "topk sum_exp n={n}: gpu {} cpu {}", got.sum_exp, want.sum_exp);
+        assert!(
+            rel < 1e-4,
+            "topk sum_exp n={n}: gpu {} cpu {}",
+            got.sum_exp,
+            want.sum_exp
+        );
     }
 });
 
@@ -73,7 +88,10 @@ gpu_test!(penalties_match_cpu, async {
         let mut v = tied_logits(n, 200 + n as u64);
         let mut rng = Rng::new(n as u64);
         // Recent tokens with repeats, a zero logit and an id past the vocabulary.
-        let history: Vec<u32> = (0..70).map(|_| (rng.next_u64() % (n as u64 + 2)) as u32).chain([0, 0, n as u32 + 5]).collect();
+        let history: Vec<u32> = (0..70)
+            .map(|_| (rng.next_u64() % (n as u64 + 2)) as u32)
+            .chain([0, 0, n as u32 + 5])
+            .collect();
         if n > 3 {
             v[3] = 0.0;
         }
@@ -84,11 +102,16 @@ gpu_test!(penalties_match_cpu, async {
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         pen.encode(&ctx, &mut enc).unwrap();
         ctx.queue.submit([enc.finish()]);
-        let got = cera_web::gpu::readback::read_f32(&ctx, &buf, 0, n).await.unwrap();
+        let got = cera_web::gpu::readback::read_f32(&ctx, &buf, 0, n)
+            .await
+            .unwrap();
         cpu_penalties(&mut v, &pairs, 1.3, 0.25, 0.5);
         for (i, (g, w)) in got.iter().zip(&v).enumerate() {
             // One rounding apart at most (the GPU may fuse count * f + presence).
-            assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "penalties n={n} at {i}: gpu {g} cpu {w}");
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+                "penalties n={n} at {i}: gpu {g} cpu {w}"
+            );
         }
     }
 });
@@ -101,14 +124,25 @@ fn smooth_logits(n: usize, seed: u64) -> Vec<f32> {
 
 /// Sample `steps` tokens, re-uploading `logits` each step (penalties edit them in place), with
 /// the sampled tokens fed back into the history.
-async fn run_sampler(ctx: &GpuContext, params: SamplerParams, logits: &[f32], prompt: &[u32], steps: usize) -> Vec<u32> {
+async fn run_sampler(
+    ctx: &GpuContext,
+    params: SamplerParams,
+    logits: &[f32],
+    prompt: &[u32],
+    steps: usize,
+) -> Vec<u32> {
     let buf = upload(ctx, logits);
     let mut s = Sampler::new(params);
     s.accept_all(prompt);
     let mut out = Vec::new();
     for _ in 0..steps {
-        ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(logits));
-        out.push(s.sample_logits(ctx, &buf, logits.len() as u32).await.unwrap());
+        ctx.queue
+            .write_buffer(&buf, 0, bytemuck::cast_slice(logits));
+        out.push(
+            s.sample_logits(ctx, &buf, logits.len() as u32)
+                .await
+                .unwrap(),
+        );
     }
     out
 }
@@ -125,7 +159,11 @@ gpu_test!(sampler_matches_full_vocab_cpu_chain, async {
             penalty_last_n: 16,
             ..Default::default()
         };
-        let top: Vec<u32> = cpu_topk(&logits, 5).candidates.iter().map(|c| c.1).collect();
+        let top: Vec<u32> = cpu_topk(&logits, 5)
+            .candidates
+            .iter()
+            .map(|c| c.1)
+            .collect();
         let got = run_sampler(&ctx, params.clone(), &logits, &top, steps).await;
         // The same chain on the CPU over the whole vocabulary, with the same uniforms.
         let mut rng = SamplerRng::new(params.seed);
@@ -145,18 +183,52 @@ gpu_test!(sampler_matches_full_vocab_cpu_chain, async {
 gpu_test!(seeded_sampling_repeats_and_top_k_1_is_greedy, async {
     let ctx = common::context().await;
     let logits = smooth_logits(1000, 99);
-    let p = SamplerParams { seed: 5, temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() };
+    let p = SamplerParams {
+        seed: 5,
+        temperature: 1.5,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        ..Default::default()
+    };
     let a = run_sampler(&ctx, p.clone(), &logits, &[], 10).await;
     let b = run_sampler(&ctx, p.clone(), &logits, &[], 10).await;
     assert_eq!(a, b, "same seed, same tokens");
-    let c = run_sampler(&ctx, SamplerParams { seed: 6, ..p.clone() }, &logits, &[], 10).await;
-    assert_ne!(a, c, "another seed, other tokens (10 draws from a flat distribution)");
-    assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 1, "temperature 1.5 should vary: {a:?}");
+    let c = run_sampler(
+        &ctx,
+        SamplerParams {
+            seed: 6,
+            ..p.clone()
+        },
+        &logits,
+        &[],
+        10,
+    )
+    .await;
+    assert_ne!(
+        a, c,
+        "another seed, other tokens (10 draws from a flat distribution)"
+    );
+    assert!(
+        a.iter().collect::<std::collections::HashSet<_>>().len() > 1,
+        "temperature 1.5 should vary: {a:?}"
+    );
 
     // top_k 1 (through top-k and the CPU chain) equals greedy (through argmax), ties included.
     let tied = tied_logits(1000, 3);
     let greedy = run_sampler(&ctx, SamplerParams::greedy(), &tied, &[], 3).await;
-    let top1 = run_sampler(&ctx, SamplerParams { top_k: 1, seed: 77, ..Default::default() }, &tied, &[], 3).await;
+    let top1 = run_sampler(
+        &ctx,
+        SamplerParams {
+            top_k: 1,
+            seed: 77,
+            ..Default::default()
+        },
+        &tied,
+        &[],
+        3,
+    )
+    .await;
     assert_eq!(greedy, vec![cpu_argmax(&tied); 3]);
     assert_eq!(top1, greedy);
 });
@@ -167,8 +239,14 @@ gpu_test!(penalties_lower_a_repeated_token, async {
     let mut logits = smooth_logits(n, 4);
     let a = cpu_argmax(&logits);
     // Greedy without history picks a; with a in the history and a repeat penalty it must not.
-    let base = SamplerParams { repeat_penalty: 1.5, ..SamplerParams::greedy() };
-    assert_eq!(run_sampler(&ctx, base.clone(), &logits, &[], 1).await, vec![a]);
+    let base = SamplerParams {
+        repeat_penalty: 1.5,
+        ..SamplerParams::greedy()
+    };
+    assert_eq!(
+        run_sampler(&ctx, base.clone(), &logits, &[], 1).await,
+        vec![a]
+    );
     let penalized = run_sampler(&ctx, base.clone(), &logits, &[a, a], 1).await;
     assert_ne!(penalized, vec![a]);
     let mut pen = logits.clone();
@@ -185,20 +263,38 @@ gpu_test!(penalties_lower_a_repeated_token, async {
     let topk = TopK::new(&ctx, &buf, n as u32).unwrap();
     let mut pens = Penalties::new(&ctx, &buf, n as u32, 4).unwrap();
     let prob = |r: cera_web::ops::topk::TopKResult| {
-        let l = r.candidates.iter().find(|c| c.1 == a).map(|c| c.0).unwrap_or(f32::NEG_INFINITY);
+        let l = r
+            .candidates
+            .iter()
+            .find(|c| c.1 == a)
+            .map(|c| c.0)
+            .unwrap_or(f32::NEG_INFINITY);
         ((l - r.max).exp() / r.sum_exp) as f64
     };
     let p0 = prob(topk.run(&ctx).await.unwrap());
     let mut probs = Vec::new();
-    for (count, rep, freq, pres) in [(1u32, 1.3f32, 0.0f32, 0.0f32), (1, 1.0, 0.5, 0.0), (3, 1.0, 0.5, 0.0), (1, 1.0, 0.0, 1.0)] {
-        ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits));
-        pens.write(&ctx, &buf, &[(a, count)], rep, freq, pres).unwrap();
+    for (count, rep, freq, pres) in [
+        (1u32, 1.3f32, 0.0f32, 0.0f32),
+        (1, 1.0, 0.5, 0.0),
+        (3, 1.0, 0.5, 0.0),
+        (1, 1.0, 0.0, 1.0),
+    ] {
+        ctx.queue
+            .write_buffer(&buf, 0, bytemuck::cast_slice(&logits));
+        pens.write(&ctx, &buf, &[(a, count)], rep, freq, pres)
+            .unwrap();
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         pens.encode(&ctx, &mut enc).unwrap();
         ctx.queue.submit([enc.finish()]);
         probs.push(prob(topk.run(&ctx).await.unwrap()));
     }
-    tlog!("p(repeated) = {p0:.4} -> repeat {:.4}, freq x1 {:.4}, freq x3 {:.4}, presence {:.4}", probs[0], probs[1], probs[2], probs[3]);
+    tlog!(
+        "p(repeated) = {p0:.4} -> repeat {:.4}, freq x1 {:.4}, freq x3 {:.4}, presence {:.4}",
+        probs[0],
+        probs[1],
+        probs[2],
+        probs[3]
+    );
     assert!(probs.iter().all(|&p| p < p0));
     assert!(probs[2] < probs[1]);
 });
@@ -212,7 +308,15 @@ fn masks(n: usize, seed: u64) -> Vec<Vec<u32>> {
         vec![u32::MAX; words],
         vec![0; words],
         vec![0xAAAA_AAAA; words],
-        (0..words).map(|_| if rng.f32() < 0.3 { (rng.next_u64() as u32) & (rng.next_u64() as u32) } else { 0 }).collect(),
+        (0..words)
+            .map(|_| {
+                if rng.f32() < 0.3 {
+                    (rng.next_u64() as u32) & (rng.next_u64() as u32)
+                } else {
+                    0
+                }
+            })
+            .collect(),
     ]
 }
 
@@ -226,11 +330,20 @@ gpu_test!(mask_matches_cpu_over_awkward_sizes, async {
             let mut enc = ctx.device.create_command_encoder(&Default::default());
             op.encode(&ctx, &mut enc, bits);
             ctx.submit([enc.finish()]);
-            let got = cera_web::gpu::readback::read_f32(&ctx, &buf, 0, n).await.unwrap();
+            let got = cera_web::gpu::readback::read_f32(&ctx, &buf, 0, n)
+                .await
+                .unwrap();
             let mut want = logits.clone();
             cpu_mask(&mut want, bits);
-            let bad = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            tlog!("mask n={n} mask {m}: {bad} differ, {} allowed", want.iter().filter(|x| x.is_finite()).count());
+            let bad = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            tlog!(
+                "mask n={n} mask {m}: {bad} differ, {} allowed",
+                want.iter().filter(|x| x.is_finite()).count()
+            );
             assert_eq!(bad, 0, "mask n={n} mask {m}");
         }
     }
@@ -246,17 +359,28 @@ gpu_test!(masked_logits_sample_only_allowed_tokens, async {
     cpu_mask(&mut masked, bits);
     let buf = upload(&ctx, &logits);
     let op = TokenMask::new(&ctx, &buf, n as u32).unwrap();
-    for params in [SamplerParams::greedy(), SamplerParams { seed: 9, temperature: 1.0, ..Default::default() }] {
+    for params in [
+        SamplerParams::greedy(),
+        SamplerParams {
+            seed: 9,
+            temperature: 1.0,
+            ..Default::default()
+        },
+    ] {
         let mut s = Sampler::new(params.clone());
         let mut rng = SamplerRng::new(params.seed);
         for step in 0..4 {
-            ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits));
+            ctx.queue
+                .write_buffer(&buf, 0, bytemuck::cast_slice(&logits));
             let mut enc = ctx.device.create_command_encoder(&Default::default());
             op.encode(&ctx, &mut enc, bits);
             ctx.submit([enc.finish()]);
             let got = s.sample_logits(&ctx, &buf, n as u32).await.unwrap();
             let want = reference_sample(&params, &masked, &[], rng.uniform()).unwrap();
-            assert!((bits[got as usize / 32] >> (got % 32)) & 1 == 1, "token {got} is masked");
+            assert!(
+                (bits[got as usize / 32] >> (got % 32)) & 1 == 1,
+                "token {got} is masked"
+            );
             assert_eq!(got, want, "step {step}, {params:?}");
         }
     }
@@ -277,7 +401,9 @@ gpu_test!(mask_time_on_a_gemma_sized_vocabulary, async {
         op.encode(&ctx, &mut enc, bits);
         ctx.submit([enc.finish()]);
     }
-    let _ = cera_web::gpu::readback::read_f32(&ctx, &buf, 0, 1).await.unwrap();
+    let _ = cera_web::gpu::readback::read_f32(&ctx, &buf, 0, 1)
+        .await
+        .unwrap();
     let ms = (cera_web::generate::session::now_s() - t0) * 1000.0 / runs as f64;
     tlog!("mask upload + dispatch over {n} tokens: {ms:.3} ms per step");
 });

@@ -6,8 +6,14 @@ use cera_web::gpu::shaders;
 
 fn parse(src: &cera_web::gpu::preprocess::Preprocessed, label: &str) -> naga::Module {
     naga::front::wgsl::parse_str(&src.source).unwrap_or_else(|e| {
-        let loc = e.location(&src.source).map(|l| src.origin(l.line_number as usize)).unwrap_or_default();
-        panic!("{label}: WGSL parse error at {loc}:\n{}", e.emit_to_string(&src.source))
+        let loc = e
+            .location(&src.source)
+            .map(|l| src.origin(l.line_number as usize))
+            .unwrap_or_default();
+        panic!(
+            "{label}: WGSL parse error at {loc}:\n{}",
+            e.emit_to_string(&src.source)
+        )
     })
 }
 
@@ -16,7 +22,11 @@ fn every_shader_variant_validates() {
     let variants = cera_web::ops::all_variants();
     assert!(!variants.is_empty());
     for v in &variants {
-        let defs: Vec<(&str, &str)> = v.defines.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        let defs: Vec<(&str, &str)> = v
+            .defines
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
         let src = shaders::expand(v.shader, &defs).unwrap();
         let label = format!("{} {:?}", v.shader, v.defines);
         let module = parse(&src, &label);
@@ -24,11 +34,21 @@ fn every_shader_variant_validates() {
         // ES targets); wgpu grants it on every Vulkan/Metal/DX12 device and the browser needs none.
         // SUBGROUP: the matmul variants that use subgroup shuffles (built only where the device
         // has the feature).
-        let caps = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32 | naga::valid::Capabilities::SUBGROUP;
+        let caps = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32
+            | naga::valid::Capabilities::SUBGROUP;
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
             .validate(&module)
-            .unwrap_or_else(|e| panic!("{label}: validation failed:\n{}", e.emit_to_string(&src.source)));
-        assert!(module.entry_points.iter().any(|e| e.name == v.entry), "{label}: no entry {}", v.entry);
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{label}: validation failed:\n{}",
+                    e.emit_to_string(&src.source)
+                )
+            });
+        assert!(
+            module.entry_points.iter().any(|e| e.name == v.entry),
+            "{label}: no entry {}",
+            v.entry
+        );
     }
     eprintln!("validated {} shader variants", variants.len());
 }
@@ -45,8 +65,15 @@ fn every_shader_file_is_used_by_a_variant_or_included() {
 #[test]
 fn params_structs_match_their_wgsl_layout() {
     for (name, fields, size, shader) in cera_web::ops::all_params() {
-        let v = cera_web::ops::all_variants().into_iter().find(|v| v.shader == shader).unwrap();
-        let defs: Vec<(&str, &str)> = v.defines.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        let v = cera_web::ops::all_variants()
+            .into_iter()
+            .find(|v| v.shader == shader)
+            .unwrap();
+        let defs: Vec<(&str, &str)> = v
+            .defines
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
         let src = shaders::expand(shader, &defs).unwrap();
         let module = parse(&src, shader);
         let ty = module
@@ -55,10 +82,21 @@ fn params_structs_match_their_wgsl_layout() {
             .find(|(_, t)| t.name.as_deref() == Some(name))
             .unwrap_or_else(|| panic!("{shader} declares no struct {name}"))
             .1;
-        let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("{name} is not a struct") };
-        let wgsl: Vec<(String, usize)> = members.iter().map(|m| (m.name.clone().unwrap_or_default(), m.offset as usize)).collect();
+        let naga::TypeInner::Struct { members, span } = &ty.inner else {
+            panic!("{name} is not a struct")
+        };
+        let wgsl: Vec<(String, usize)> = members
+            .iter()
+            .map(|m| (m.name.clone().unwrap_or_default(), m.offset as usize))
+            .collect();
         let rust: Vec<(String, usize)> = fields.iter().map(|(n, o)| (n.to_string(), *o)).collect();
-        assert_eq!(wgsl, rust, "{name}: field names/offsets differ between Rust and {shader}");
-        assert_eq!(*span as usize, size, "{name}: size differs between Rust and {shader}");
+        assert_eq!(
+            wgsl, rust,
+            "{name}: field names/offsets differ between Rust and {shader}"
+        );
+        assert_eq!(
+            *span as usize, size,
+            "{name}: size differs between Rust and {shader}"
+        );
     }
 }

@@ -33,16 +33,32 @@ gpu_test!(short_conv_chunks_widths_and_channels, async {
         let weight = rng.vec(n_embd * l_cache);
         let (want, want_rows) = short_conv::reference(&bcx, &weight, n_embd, l_cache);
         let wbuf = ctx.storage_buffer("w", bytemuck::cast_slice(&weight));
-        let rows = ctx.empty_storage("rows", (n + 2) as u64 * n_embd as u64 * 4).unwrap();
+        let rows = ctx
+            .empty_storage("rows", (n + 2) as u64 * n_embd as u64 * 4)
+            .unwrap();
         let mut got = Vec::new();
         let mut pos = 0usize;
         for &c in &chunks {
             let chunk = &bcx[pos * 3 * n_embd..(pos + c) * 3 * n_embd];
             let bbuf = ctx.storage_buffer("bcx", bytemuck::cast_slice(chunk));
             let out = ctx.empty_storage("out", (c * n_embd * 4) as u64).unwrap();
-            let b = ShortConvBuffers { bcx: &bbuf, weight: &wbuf, rows: &rows, out: &out };
+            let b = ShortConvBuffers {
+                bcx: &bbuf,
+                weight: &wbuf,
+                rows: &rows,
+                out: &out,
+            };
             let mut enc = ctx.device.create_command_encoder(&Default::default());
-            short_conv::encode(&ctx, &mut enc, &b, c as u32, n_embd as u32, l_cache as u32, pos as u32).unwrap();
+            short_conv::encode(
+                &ctx,
+                &mut enc,
+                &b,
+                c as u32,
+                n_embd as u32,
+                l_cache as u32,
+                pos as u32,
+            )
+            .unwrap();
             ctx.queue.submit([enc.finish()]);
             got.extend(read_f32(&ctx, &out, 0, c * n_embd).await.unwrap());
             pos += c;
@@ -55,21 +71,47 @@ gpu_test!(short_conv_chunks_widths_and_channels, async {
             for j in 0..l_cache {
                 let back = l_cache - 1 - j;
                 if back <= t {
-                    scale += (weight[ch * l_cache + j] as f64 * want_rows[(t - back) * n_embd + ch]).abs();
+                    scale += (weight[ch * l_cache + j] as f64
+                        * want_rows[(t - back) * n_embd + ch])
+                        .abs();
                 }
             }
             let err = (got[i] as f64 - want[i]).abs() / (cgate * scale).max(1e-30);
-            assert!(err <= TOLERANCE, "short_conv {n_embd}x{l_cache} [{t}, {ch}] = {}, want {} (error {err:.2e})", got[i], want[i]);
+            assert!(
+                err <= TOLERANCE,
+                "short_conv {n_embd}x{l_cache} [{t}, {ch}] = {}, want {} (error {err:.2e})",
+                got[i],
+                want[i]
+            );
             worst = worst.max(err);
             let row_err = (got_rows[i] as f64 - want_rows[i]).abs() / want_rows[i].abs().max(1e-30);
-            assert!(row_err <= 1e-7, "conv row [{t}, {ch}] = {}, want {}", got_rows[i], want_rows[i]);
+            assert!(
+                row_err <= 1e-7,
+                "conv row [{t}, {ch}] = {}, want {}",
+                got_rows[i],
+                want_rows[i]
+            );
         }
         // A chunk past the rows is refused.
         let out = ctx.empty_storage("out", 4 * n_embd as u64 * 4).unwrap();
         let bbuf = ctx.empty_storage("bcx", 4 * 3 * n_embd as u64 * 4).unwrap();
-        let b = ShortConvBuffers { bcx: &bbuf, weight: &wbuf, rows: &rows, out: &out };
+        let b = ShortConvBuffers {
+            bcx: &bbuf,
+            weight: &wbuf,
+            rows: &rows,
+            out: &out,
+        };
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        assert!(short_conv::encode(&ctx, &mut enc, &b, 4, n_embd as u32, l_cache as u32, (n - 1) as u32).is_err());
+        assert!(short_conv::encode(
+            &ctx,
+            &mut enc,
+            &b,
+            4,
+            n_embd as u32,
+            l_cache as u32,
+            (n - 1) as u32
+        )
+        .is_err());
     }
     tlog!("short_conv: worst error {worst:.2e}");
 });
@@ -79,21 +121,35 @@ gpu_test!(conv_rows_move_with_their_tokens_in_a_shift, async {
     let ctx = common::context().await;
     let (n_ctx, width) = (12u32, 40u32);
     let rope = RopeConfig::new(8, 10000.0, RopeType::Neox);
-    let cfg = KvCacheConfig { n_ctx, n_kv_heads: 2, head_dim: 8, layer_ropes: vec![rope; 3], shift_workgroup_size: None, max_scratch_cells: Some(3) };
+    let cfg = KvCacheConfig {
+        n_ctx,
+        n_kv_heads: 2,
+        head_dim: 8,
+        layer_ropes: vec![rope; 3],
+        shift_workgroup_size: None,
+        max_scratch_cells: Some(3),
+    };
     let mut kv = KvCache::with_conv_rows(&ctx, cfg, &[false, true, true], width).unwrap();
     assert!(kv.conv_rows(0).is_none() && kv.conv_rows(1).is_some());
     let rows: Vec<f32> = (0..n_ctx * width).map(|i| i as f32).collect();
     for l in [1, 2] {
-        ctx.queue.write_buffer(kv.conv_rows(l).unwrap(), 0, bytemuck::cast_slice(&rows));
+        ctx.queue
+            .write_buffer(kv.conv_rows(l).unwrap(), 0, bytemuck::cast_slice(&rows));
     }
     kv.advance(10).unwrap();
     // Keep 2, drop 3: rows 5..10 move to 2..7 (in chunks of 3 cells).
     kv.shift(&ctx, 2, 3).unwrap();
     assert_eq!(kv.n_past(), 7);
     for l in [1, 2] {
-        let got = read_f32(&ctx, kv.conv_rows(l).unwrap(), 0, (7 * width) as usize).await.unwrap();
+        let got = read_f32(&ctx, kv.conv_rows(l).unwrap(), 0, (7 * width) as usize)
+            .await
+            .unwrap();
         let w = width as usize;
         assert_eq!(&got[..2 * w], &rows[..2 * w], "kept head");
-        assert_eq!(&got[2 * w..7 * w], &rows[5 * w..10 * w], "retained rows moved");
+        assert_eq!(
+            &got[2 * w..7 * w],
+            &rows[5 * w..10 * w],
+            "retained rows moved"
+        );
     }
 });

@@ -27,13 +27,22 @@ gpu_test!(softcap_matches_tanh_reference, async {
         for (i, (&g, &w)) in got[1..1 + count].iter().zip(&want).enumerate() {
             // |error| / cap: exp and a division in f32.
             let err = (g as f64 - w).abs() / cap as f64;
-            assert!(err <= 1e-6, "softcap {count} x cap {cap}: [{i}] = {g}, want {w}");
+            assert!(
+                err <= 1e-6,
+                "softcap {count} x cap {cap}: [{i}] = {g}, want {w}"
+            );
         }
         assert_eq!(got[0], x[0], "before the range");
         assert_eq!(&got[1 + count..], &x[1 + count..], "after the range");
     }
     let buf = ctx.empty_storage("x", 16).unwrap();
     let mut enc = ctx.device.create_command_encoder(&Default::default());
-    assert!(softcap::encode(&ctx, &mut enc, &buf, 2, 3, 1.0).is_err(), "past the end");
-    assert!(softcap::encode(&ctx, &mut enc, &buf, 0, 1, 0.0).is_err(), "zero cap");
+    assert!(
+        softcap::encode(&ctx, &mut enc, &buf, 2, 3, 1.0).is_err(),
+        "past the end"
+    );
+    assert!(
+        softcap::encode(&ctx, &mut enc, &buf, 0, 1, 0.0).is_err(),
+        "zero cap"
+    );
 });

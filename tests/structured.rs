@@ -10,7 +10,9 @@ mod common;
 use cera_web::generate::chat::{render_for_model, ChatMessage};
 use cera_web::generate::constraint::ConstraintSpec;
 use cera_web::generate::sampler::SamplerParams;
-use cera_web::generate::session::{now_s, GenerateOptions, GenerationStats, Session, SessionOptions};
+use cera_web::generate::session::{
+    now_s, GenerateOptions, GenerationStats, Session, SessionOptions,
+};
 use cera_web::model::Model;
 use cera_web::tokenizer::Tokenizer;
 use serde_json::json;
@@ -19,7 +21,9 @@ use std::sync::Arc;
 fn model_path() -> std::path::PathBuf {
     std::env::var("CERA_TEST_MODEL")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf"))
+        .unwrap_or_else(|_| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf")
+        })
 }
 
 struct Gemma {
@@ -32,24 +36,53 @@ impl Gemma {
     fn load() -> Gemma {
         let ctx = pollster::block_on(common::context());
         let p = model_path();
-        assert!(p.exists(), "{} is missing: run scripts/fetch-model (npm test does)", p.display());
+        assert!(
+            p.exists(),
+            "{} is missing: run scripts/fetch-model (npm test does)",
+            p.display()
+        );
         let weights = cera_web::loader::load_file(&ctx, &p).unwrap();
         let tok = Tokenizer::from_gguf(&weights.header).unwrap();
         let model = pollster::block_on(Model::new(&ctx, weights)).unwrap();
-        Gemma { ctx: Arc::new(ctx), model: Arc::new(model), tok: Arc::new(tok) }
+        Gemma {
+            ctx: Arc::new(ctx),
+            model: Arc::new(model),
+            tok: Arc::new(tok),
+        }
     }
 
     fn session(&self) -> Session {
-        Session::new(self.ctx.clone(), self.model.clone(), self.tok.clone(), SessionOptions { n_ctx: 256, ..Default::default() }).unwrap()
+        Session::new(
+            self.ctx.clone(),
+            self.model.clone(),
+            self.tok.clone(),
+            SessionOptions {
+                n_ctx: 256,
+                ..Default::default()
+            },
+        )
+        .unwrap()
     }
 
     fn chat_prompt(&self, user: &str) -> Vec<u32> {
-        let text = render_for_model(&self.model.weights.header, &self.tok, &[ChatMessage::user(user)], true).unwrap();
+        let text = render_for_model(
+            &self.model.weights.header,
+            &self.tok,
+            &[ChatMessage::user(user)],
+            true,
+        )
+        .unwrap();
         self.tok.encode(&text, true, true)
     }
 
     /// Generate; returns (ids, text, stats) and logs the time.
-    fn run(&self, session: &mut Session, prompt: &[u32], opts: &GenerateOptions, what: &str) -> (Vec<u32>, String, GenerationStats) {
+    fn run(
+        &self,
+        session: &mut Session,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        what: &str,
+    ) -> (Vec<u32>, String, GenerationStats) {
         let (mut ids, mut text) = (Vec::new(), String::new());
         let t0 = now_s();
         let stats = pollster::block_on(session.generate(prompt, opts, &mut |id, piece| {
@@ -71,12 +104,25 @@ impl Gemma {
     }
 }
 
-fn opts(max_tokens: u32, sampler: SamplerParams, constraint: Option<ConstraintSpec>) -> GenerateOptions {
-    GenerateOptions { max_tokens, stop: vec![], sampler, constraint }
+fn opts(
+    max_tokens: u32,
+    sampler: SamplerParams,
+    constraint: Option<ConstraintSpec>,
+) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        stop: vec![],
+        sampler,
+        constraint,
+    }
 }
 
 fn sampled(seed: u64) -> SamplerParams {
-    SamplerParams { temperature: 1.0, seed, ..Default::default() }
+    SamplerParams {
+        temperature: 1.0,
+        seed,
+        ..Default::default()
+    }
 }
 
 /// A nested object with an enum, an array and required fields; strings and arrays are bounded so
@@ -106,17 +152,37 @@ fn gemma3_json_schema_outputs_parse_and_validate() {
     let g = Gemma::load();
     let schema = person_schema();
     let validator = jsonschema::validator_for(&schema).unwrap();
-    let prompt = g.chat_prompt("Describe a user of a web shop as JSON with name, role, tags and address.");
+    let prompt =
+        g.chat_prompt("Describe a user of a web shop as JSON with name, role, tags and address.");
     // Two seeds by default (a second or more per token on the CPU-emulated GPU);
     // CERA_STRUCTURED_SEEDS=20 for the full sweep.
-    let seeds: u64 = std::env::var("CERA_STRUCTURED_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
+    let seeds: u64 = std::env::var("CERA_STRUCTURED_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
     let mut session = g.session();
     for seed in 0..seeds {
-        let (_, text, stats) = g.run(&mut session, &prompt, &opts(64, sampled(seed), Some(ConstraintSpec::JsonSchema(schema.clone()))), &format!("json schema seed {seed}"));
-        assert_eq!(stats.finish_reason, "stop", "seed {seed}: the object did not close within 64 tokens: {text}");
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: not JSON ({e}): {text}"));
+        let (_, text, stats) = g.run(
+            &mut session,
+            &prompt,
+            &opts(
+                64,
+                sampled(seed),
+                Some(ConstraintSpec::JsonSchema(schema.clone())),
+            ),
+            &format!("json schema seed {seed}"),
+        );
+        assert_eq!(
+            stats.finish_reason, "stop",
+            "seed {seed}: the object did not close within 64 tokens: {text}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("seed {seed}: not JSON ({e}): {text}"));
         let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
-        assert!(errors.is_empty(), "seed {seed}: {text} does not validate: {errors:?}");
+        assert!(
+            errors.is_empty(),
+            "seed {seed}: {text} does not validate: {errors:?}"
+        );
     }
 }
 
@@ -126,18 +192,48 @@ fn gemma3_regex_lark_and_gbnf_outputs_match() {
     let mut session = g.session();
     let prompt = g.chat_prompt("Is the sky blue? Answer yes or no and give a short reason.");
     let rx = "(yes|no), because [a-z ]{3,30}\\.";
-    let (_, text, _) = g.run(&mut session, &prompt, &opts(24, sampled(1), Some(ConstraintSpec::Regex(rx.into()))), "regex");
-    assert!(regex::Regex::new(&format!("^(?:{rx})$")).unwrap().is_match(&text), "{text:?} does not match {rx}");
+    let (_, text, _) = g.run(
+        &mut session,
+        &prompt,
+        &opts(24, sampled(1), Some(ConstraintSpec::Regex(rx.into()))),
+        "regex",
+    );
+    assert!(
+        regex::Regex::new(&format!("^(?:{rx})$"))
+            .unwrap()
+            .is_match(&text),
+        "{text:?} does not match {rx}"
+    );
 
     let lark = "start: \"The answer is \" NUMBER \".\"\nNUMBER: /[0-9]{1,3}/\n";
     let prompt = g.chat_prompt("What is 6 times 7?");
-    let (_, text, _) = g.run(&mut session, &prompt, &opts(12, sampled(2), Some(ConstraintSpec::Lark(lark.into()))), "lark");
-    assert!(regex::Regex::new("^The answer is [0-9]{1,3}\\.$").unwrap().is_match(&text), "{text:?}");
+    let (_, text, _) = g.run(
+        &mut session,
+        &prompt,
+        &opts(12, sampled(2), Some(ConstraintSpec::Lark(lark.into()))),
+        "lark",
+    );
+    assert!(
+        regex::Regex::new("^The answer is [0-9]{1,3}\\.$")
+            .unwrap()
+            .is_match(&text),
+        "{text:?}"
+    );
 
     let gbnf = "root ::= answer \" \" color\nanswer ::= \"Yes\" | \"No\"\ncolor ::= (\"red\" | \"green\" | \"blue\") \".\"\n";
     let prompt = g.chat_prompt("Is the sky blue, and what color is it?");
-    let (_, text, _) = g.run(&mut session, &prompt, &opts(12, sampled(3), Some(ConstraintSpec::Gbnf(gbnf.into()))), "gbnf");
-    assert!(regex::Regex::new("^(Yes|No) (red|green|blue)\\.$").unwrap().is_match(&text), "{text:?}");
+    let (_, text, _) = g.run(
+        &mut session,
+        &prompt,
+        &opts(12, sampled(3), Some(ConstraintSpec::Gbnf(gbnf.into()))),
+        "gbnf",
+    );
+    assert!(
+        regex::Regex::new("^(Yes|No) (red|green|blue)\\.$")
+            .unwrap()
+            .is_match(&text),
+        "{text:?}"
+    );
 }
 
 /// Greedy decoding under a JSON schema that admits the unconstrained greedy answer picks the same
@@ -150,7 +246,12 @@ fn gemma3_greedy_with_an_admitting_schema_is_unchanged() {
     // A raw prompt the model continues with one more object of the list.
     let prompt = g.tok.encode("[{\"city\": \"Paris\", \"country\": \"France\"}, {\"city\": \"Berlin\", \"country\": \"Germany\"},", true, false);
     let mut session = g.session();
-    let (free, text, _) = g.run(&mut session, &prompt, &opts(16, SamplerParams::greedy(), None), "greedy unconstrained");
+    let (free, text, _) = g.run(
+        &mut session,
+        &prompt,
+        &opts(16, SamplerParams::greedy(), None),
+        "greedy unconstrained",
+    );
     let (start, end) = match (text.find('{'), text.find('}')) {
         (Some(a), Some(b)) if a < b => (a, b + 1),
         _ => panic!("the greedy answer holds no object in 16 tokens: {text:?}"),
@@ -161,19 +262,40 @@ fn gemma3_greedy_with_an_admitting_schema_is_unchanged() {
         "required": ["city", "country"],
         "additionalProperties": false
     });
-    let v: serde_json::Value = serde_json::from_str(&text[start..end]).unwrap_or_else(|e| panic!("{:?} is not JSON: {e}", &text[start..end]));
-    assert!(jsonschema::is_valid(&schema, &v), "the schema must admit the greedy answer {text:?}");
+    let v: serde_json::Value = serde_json::from_str(&text[start..end])
+        .unwrap_or_else(|e| panic!("{:?} is not JSON: {e}", &text[start..end]));
+    assert!(
+        jsonschema::is_valid(&schema, &v),
+        "the schema must admit the greedy answer {text:?}"
+    );
     let lark = format!("start: (/[^{{}}]+/)? %json {schema}\n");
     let mut session = g.session();
-    let (constrained, text2, stats) = g.run(&mut session, &prompt, &opts(16, SamplerParams::greedy(), Some(ConstraintSpec::Lark(lark))), "greedy constrained");
+    let (constrained, text2, stats) = g.run(
+        &mut session,
+        &prompt,
+        &opts(
+            16,
+            SamplerParams::greedy(),
+            Some(ConstraintSpec::Lark(lark)),
+        ),
+        "greedy constrained",
+    );
     assert_eq!(stats.finish_reason, "stop", "{text2:?}");
     assert_eq!(text2, &text[..end]);
     // Every token the same, except that the last may end at the object's `}` where the free
     // answer's token ran on past it (`"}` against `"},`).
     let n = constrained.len();
     assert_eq!(constrained[..n - 1], free[..n - 1], "{text2:?} vs {text:?}");
-    let (last, free_last) = (g.tok.token_bytes(constrained[n - 1]), g.tok.token_bytes(free[n - 1]));
-    assert!(free_last.starts_with(&last), "last token {:?} vs {:?}", String::from_utf8_lossy(&last), String::from_utf8_lossy(&free_last));
+    let (last, free_last) = (
+        g.tok.token_bytes(constrained[n - 1]),
+        g.tok.token_bytes(free[n - 1]),
+    );
+    assert!(
+        free_last.starts_with(&last),
+        "last token {:?} vs {:?}",
+        String::from_utf8_lossy(&last),
+        String::from_utf8_lossy(&free_last)
+    );
 }
 
 /// An invalid schema, a grammar that does not parse and GBNF with what Lark cannot say are clear
@@ -185,9 +307,16 @@ fn gemma3_bad_constraints_are_clear_errors() {
     let prompt = g.chat_prompt("Hi");
     let err = |spec: ConstraintSpec| {
         let mut s = g.session();
-        pollster::block_on(s.generate(&prompt, &opts(4, SamplerParams::greedy(), Some(spec)), &mut |_, _| true)).unwrap_err()
+        pollster::block_on(s.generate(
+            &prompt,
+            &opts(4, SamplerParams::greedy(), Some(spec)),
+            &mut |_, _| true,
+        ))
+        .unwrap_err()
     };
-    let e = err(ConstraintSpec::JsonSchema(json!({"type": "object", "properties": {"a": {"type": "no-such-type"}}})));
+    let e = err(ConstraintSpec::JsonSchema(
+        json!({"type": "object", "properties": {"a": {"type": "no-such-type"}}}),
+    ));
     tlog!("invalid schema: {e}");
     assert_eq!(e.code, cera_web::ErrorCode::InvalidArgument, "{e}");
     let e = err(ConstraintSpec::Lark("start: ( \"a\"\n".into()));
@@ -200,6 +329,15 @@ fn gemma3_bad_constraints_are_clear_errors() {
     tlog!("bad regex: {e}");
     assert_eq!(e.code, cera_web::ErrorCode::InvalidArgument, "{e}");
     // A string of at least 50 letters cannot fit in 5 tokens.
-    let (_, text, stats) = g.run(&mut session, &prompt, &opts(5, SamplerParams::greedy(), Some(ConstraintSpec::Regex("[a-z]{50,60}".into()))), "too long for max_tokens");
+    let (_, text, stats) = g.run(
+        &mut session,
+        &prompt,
+        &opts(
+            5,
+            SamplerParams::greedy(),
+            Some(ConstraintSpec::Regex("[a-z]{50,60}".into())),
+        ),
+        "too long for max_tokens",
+    );
     assert_eq!(stats.finish_reason, "length", "{text:?}");
 }

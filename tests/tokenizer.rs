@@ -197,9 +197,15 @@ fn llama3_bpe_matches_llama_cpp() {
 fn lfm2_bpe_matches_llama_cpp() {
     // the llama3 vocabulary under llama.cpp's "lfm2" pre-tokenizer name (what the fixture
     // script tokenized): the llama3 regex, ignore_merges and BOS added
-    let bytes = rewrite(&header(LLAMA3_GGUF), &[("tokenizer.ggml.pre", Some(MetaValue::String("lfm2".into())))]);
+    let bytes = rewrite(
+        &header(LLAMA3_GGUF),
+        &[("tokenizer.ggml.pre", Some(MetaValue::String("lfm2".into())))],
+    );
     let tok = Tokenizer::from_gguf(&header(&bytes)).unwrap();
-    assert_eq!(tok.kind(), TokenizerKind::ByteLevelBpe(PreTokenizer::Llama3));
+    assert_eq!(
+        tok.kind(),
+        TokenizerKind::ByteLevelBpe(PreTokenizer::Llama3)
+    );
     check(&tok, &fixture(include_str!("fixtures/tokenizer/lfm2.json")));
 }
 

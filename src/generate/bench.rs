@@ -47,7 +47,8 @@ pub struct BenchReport {
     pub profile_total_us: Option<f64>,
 }
 
-const TEXT: &str = "The history of the printing press begins in the fifteenth century, when movable type \
+const TEXT: &str =
+    "The history of the printing press begins in the fifteenth century, when movable type \
 changed how books were made, how ideas travelled and who could read them. Within fifty years \
 presses were running in more than two hundred cities across Europe, and the number of books grew \
 from thousands to millions. ";
@@ -72,9 +73,14 @@ pub async fn run(
         prompt.extend_from_slice(&body);
     }
     prompt.truncate(n_prompt.max(1) as usize);
-    let opts = SessionOptions { n_ctx: n_prompt + n_gen + 8, batch: n_prompt.clamp(1, 512), ..Default::default() };
+    let opts = SessionOptions {
+        n_ctx: n_prompt + n_gen + 8,
+        batch: n_prompt.clamp(1, 512),
+        ..Default::default()
+    };
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts)?;
-    let (mut pre, mut dec, mut dec_step, mut rec_ms) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut pre, mut dec, mut dec_step, mut rec_ms) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut per_token = crate::gpu::context::Counts::default();
     let n_dec = n_gen.max(2) - 1;
     // One warm-up run (pipelines compile, buffers settle), then the timed ones. Each run decodes
@@ -119,12 +125,21 @@ pub async fn run(
     let head_ms = head_gemv_ms(ctx, model).await?;
     let steps = n_dec as f64;
     let plan = session.decode_plan_kinds()?;
-    let profile = if profile { Some(session.profile_decode().await?) } else { None };
+    let profile = if profile {
+        Some(session.profile_decode().await?)
+    } else {
+        None
+    };
     let profile_total_us = profile.as_ref().map(|p| p.iter().map(|k| k.us).sum());
     Ok(BenchReport {
         adapter: ctx.adapter.name.clone(),
         backend: ctx.adapter.backend.clone(),
-        model: model.weights.header.get_str("general.name").unwrap_or("?").to_string(),
+        model: model
+            .weights
+            .header
+            .get_str("general.name")
+            .unwrap_or("?")
+            .to_string(),
         prompt_tokens: prompt.len() as u32,
         gen_tokens: n_gen,
         runs,
@@ -149,7 +164,10 @@ pub async fn run(
 /// Time the output head alone: 20 GEMVs in one submission, after a warm-up.
 async fn head_gemv_ms(ctx: &GpuContext, model: &Model) -> Result<f64> {
     let head = model.output_head();
-    let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&vec![0.01f32; head.cols as usize]));
+    let x = ctx.storage_buffer(
+        "bench x",
+        bytemuck::cast_slice(&vec![0.01f32; head.cols as usize]),
+    );
     let y = ctx.empty_storage("bench y", head.rows * 4)?;
     let iters = 20;
     let mut rec = crate::gpu::Recorder::new(ctx);

@@ -28,7 +28,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
     pub fn system(content: impl Into<String>) -> Self {
         Self::new("system", content)
@@ -42,7 +45,10 @@ impl ChatMessage {
 
     /// The `{role, content}` map a template sees.
     fn to_value(&self) -> minijinja::Value {
-        minijinja::Value::from_pairs([("role", self.role.as_str()), ("content", self.content.as_str())])
+        minijinja::Value::from_pairs([
+            ("role", self.role.as_str()),
+            ("content", self.content.as_str()),
+        ])
     }
 }
 
@@ -162,17 +168,34 @@ pub struct ChatTemplate {
 
 impl ChatTemplate {
     /// A template from Jinja source (checked now, so a broken file fails at load, not at chat).
-    pub fn new(source: impl Into<String>, bos_token: impl Into<String>, eos_token: impl Into<String>) -> Result<Self> {
-        let t = ChatTemplate { source: source.into(), bos_token: bos_token.into(), eos_token: eos_token.into(), builtin: None };
+    pub fn new(
+        source: impl Into<String>,
+        bos_token: impl Into<String>,
+        eos_token: impl Into<String>,
+    ) -> Result<Self> {
+        let t = ChatTemplate {
+            source: source.into(),
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+            builtin: None,
+        };
         let env = environment();
         env.template_from_str(&t.source).map_err(|e| {
-            Error::new(ErrorCode::BadGguf, format!("the model's chat template does not parse: {}", describe(&e)))
+            Error::new(
+                ErrorCode::BadGguf,
+                format!("the model's chat template does not parse: {}", describe(&e)),
+            )
         })?;
         Ok(t)
     }
 
     pub fn builtin(b: Builtin, bos_token: impl Into<String>, eos_token: impl Into<String>) -> Self {
-        ChatTemplate { source: b.source().to_string(), bos_token: bos_token.into(), eos_token: eos_token.into(), builtin: Some(b) }
+        ChatTemplate {
+            source: b.source().to_string(),
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+            builtin: Some(b),
+        }
     }
 
     /// The file's template when it has one, else the built-in for its architecture.
@@ -197,9 +220,12 @@ impl ChatTemplate {
     /// Render `messages`; `add_generation_prompt` appends the opening of the assistant's turn.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let env = environment();
-        let tmpl = env
-            .template_from_str(&self.source)
-            .map_err(|e| Error::new(ErrorCode::BadGguf, format!("the chat template does not parse: {}", describe(&e))))?;
+        let tmpl = env.template_from_str(&self.source).map_err(|e| {
+            Error::new(
+                ErrorCode::BadGguf,
+                format!("the chat template does not parse: {}", describe(&e)),
+            )
+        })?;
         let ctx = minijinja::context! {
             messages => messages.iter().map(ChatMessage::to_value).collect::<Vec<_>>(),
             add_generation_prompt => add_generation_prompt,
@@ -207,7 +233,13 @@ impl ChatTemplate {
             eos_token => &self.eos_token,
         };
         tmpl.render(ctx).map_err(|e| {
-            Error::new(ErrorCode::InvalidArgument, format!("the chat template rejected the conversation: {}", describe(&e)))
+            Error::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "the chat template rejected the conversation: {}",
+                    describe(&e)
+                ),
+            )
         })
     }
 }
@@ -222,7 +254,8 @@ pub fn render_chat(
     bos_token: &str,
     eos_token: &str,
 ) -> Result<String> {
-    ChatTemplate::select(file_template, arch, has_token, bos_token, eos_token)?.render(messages, add_generation_prompt)
+    ChatTemplate::select(file_template, arch, has_token, bos_token, eos_token)?
+        .render(messages, add_generation_prompt)
 }
 
 /// `rendered` without a leading `bos_token`, for a tokenizer that adds BOS itself.
@@ -237,19 +270,33 @@ pub fn strip_leading_bos<'a>(rendered: &'a str, bos_token: &str) -> &'a str {
 /// A minijinja environment set up like transformers' chat template renderer.
 fn environment() -> minijinja::Environment<'static> {
     let mut env = minijinja::Environment::new();
-    if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).keep_trailing_newline(false).build() {
+    if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .keep_trailing_newline(false)
+        .build()
+    {
         env.set_syntax(syntax);
     }
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-    });
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                msg,
+            ))
+        },
+    );
     env
 }
 
 /// An error's detail (e.g. raise_exception's message) and where it happened.
 fn describe(e: &minijinja::Error) -> String {
-    let mut s = e.detail().map(str::to_string).unwrap_or_else(|| e.kind().to_string());
+    let mut s = e
+        .detail()
+        .map(str::to_string)
+        .unwrap_or_else(|| e.kind().to_string());
     if let Some(line) = e.line() {
         s.push_str(&format!(" (template line {line})"));
     }
@@ -295,13 +342,20 @@ mod tests {
             "<start_of_turn>user\nYou are terse.\n\nHi!<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n\
              <start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"
         );
-        assert_eq!(t.render(&[ChatMessage::user("x")], false).unwrap(), "<start_of_turn>user\nx<end_of_turn>\n");
+        assert_eq!(
+            t.render(&[ChatMessage::user("x")], false).unwrap(),
+            "<start_of_turn>user\nx<end_of_turn>\n"
+        );
     }
 
     #[test]
     fn other_builtins_render_like_llama_cpp() {
         let m = conv();
-        let r = |b| ChatTemplate::builtin(b, "<s>", "</s>").render(&m, true).unwrap();
+        let r = |b| {
+            ChatTemplate::builtin(b, "<s>", "</s>")
+                .render(&m, true)
+                .unwrap()
+        };
         assert_eq!(
             r(Builtin::Llama3),
             "<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>\
@@ -331,11 +385,20 @@ mod tests {
         assert_eq!(Builtin::detect("gemma3", &no_tokens), Some(Builtin::Gemma));
         assert_eq!(Builtin::detect("qwen2", &no_tokens), Some(Builtin::ChatMl));
         assert_eq!(Builtin::detect("qwen3", &no_tokens), Some(Builtin::ChatMl));
-        assert_eq!(Builtin::detect("granite", &no_tokens), Some(Builtin::Granite));
-        assert_eq!(Builtin::detect("llama", &llama3_vocab), Some(Builtin::Llama3));
+        assert_eq!(
+            Builtin::detect("granite", &no_tokens),
+            Some(Builtin::Granite)
+        );
+        assert_eq!(
+            Builtin::detect("llama", &llama3_vocab),
+            Some(Builtin::Llama3)
+        );
         assert_eq!(Builtin::detect("llama", &no_tokens), Some(Builtin::Llama2));
         assert_eq!(Builtin::detect("lfm2", &no_tokens), None);
-        assert_eq!(Builtin::detect("lfm2", &|t: &str| t == "<|im_start|>"), Some(Builtin::ChatMl));
+        assert_eq!(
+            Builtin::detect("lfm2", &|t: &str| t == "<|im_start|>"),
+            Some(Builtin::ChatMl)
+        );
         let e = ChatTemplate::select(None, "mamba", &no_tokens, "", "").unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidArgument);
         assert_eq!(Builtin::from_name("mistral"), Some(Builtin::Llama2));
@@ -366,7 +429,12 @@ mod tests {
         let got = t.render(&conv(), true).unwrap();
         assert_eq!(got, want);
         // The built-in is the same text without BOS.
-        assert_eq!(strip_leading_bos(&got, "<|begin_of_text|>"), ChatTemplate::builtin(Builtin::Llama3, "", "").render(&conv(), true).unwrap());
+        assert_eq!(
+            strip_leading_bos(&got, "<|begin_of_text|>"),
+            ChatTemplate::builtin(Builtin::Llama3, "", "")
+                .render(&conv(), true)
+                .unwrap()
+        );
 
         let t = ChatTemplate::new(fixture("llama3.2"), "<|begin_of_text|>", "<|eot_id|>").unwrap();
         assert_eq!(
@@ -380,7 +448,12 @@ mod tests {
 
     #[test]
     fn raise_exception_and_syntax_errors_are_reported() {
-        let t = ChatTemplate::new("{% if messages|length > 1 %}{{ raise_exception('one message only') }}{% endif %}ok", "", "").unwrap();
+        let t = ChatTemplate::new(
+            "{% if messages|length > 1 %}{{ raise_exception('one message only') }}{% endif %}ok",
+            "",
+            "",
+        )
+        .unwrap();
         assert_eq!(t.render(&[ChatMessage::user("a")], false).unwrap(), "ok");
         let e = t.render(&conv(), false).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidArgument);
@@ -389,7 +462,10 @@ mod tests {
         assert_eq!(e.code, ErrorCode::BadGguf);
         // Python string methods (pycompat) work.
         let t = ChatTemplate::new("{{ messages[0].content.strip().upper() }}", "", "").unwrap();
-        assert_eq!(t.render(&[ChatMessage::user("  hi ")], false).unwrap(), "HI");
+        assert_eq!(
+            t.render(&[ChatMessage::user("  hi ")], false).unwrap(),
+            "HI"
+        );
     }
 }
 
@@ -406,6 +482,18 @@ pub fn render_for_model(
     let (bos, eos) = (text_of(tok.bos_id()), text_of(tok.eos_id()));
     let has = |t: &str| tok.token_id(t).is_some();
     let arch = header.architecture().unwrap_or("");
-    let out = render_chat(header.get_str("tokenizer.chat_template"), arch, &has, messages, add_generation_prompt, &bos, &eos)?;
-    Ok(if tok.add_bos() { strip_leading_bos(&out, &bos).to_string() } else { out })
+    let out = render_chat(
+        header.get_str("tokenizer.chat_template"),
+        arch,
+        &has,
+        messages,
+        add_generation_prompt,
+        &bos,
+        &eos,
+    )?;
+    Ok(if tok.add_bos() {
+        strip_leading_bos(&out, &bos).to_string()
+    } else {
+        out
+    })
 }

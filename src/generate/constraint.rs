@@ -40,7 +40,10 @@ impl ConstraintSpec {
     /// OpenAI's `response_format`: `{type: "text"}` (none), `{type: "json_object"}`,
     /// `{type: "json_schema", schema}` or OpenAI's `{type: "json_schema", json_schema: {schema}}`.
     pub fn from_response_format(v: &serde_json::Value) -> Result<Option<Self>> {
-        let ty = v.get("type").and_then(|t| t.as_str()).ok_or_else(|| Error::invalid("responseFormat needs a string 'type'"))?;
+        let ty = v
+            .get("type")
+            .and_then(|t| t.as_str())
+            .ok_or_else(|| Error::invalid("responseFormat needs a string 'type'"))?;
         match ty {
             "text" => Ok(None),
             "json_object" => Ok(Some(ConstraintSpec::JsonObject)),
@@ -51,17 +54,25 @@ impl ConstraintSpec {
                     .ok_or_else(|| Error::invalid("responseFormat {type: 'json_schema'} needs 'schema' (or OpenAI's json_schema.schema)"))?;
                 Ok(Some(ConstraintSpec::JsonSchema(schema.clone())))
             }
-            other => Err(Error::invalid(format!("responseFormat type '{other}' is not one of 'text', 'json_object', 'json_schema'"))),
+            other => Err(Error::invalid(format!(
+                "responseFormat type '{other}' is not one of 'text', 'json_object', 'json_schema'"
+            ))),
         }
     }
 
     /// A `grammar` option: exactly one of `lark`, `gbnf`, `regex` set.
-    pub fn from_grammar(lark: Option<&str>, gbnf: Option<&str>, regex: Option<&str>) -> Result<Self> {
+    pub fn from_grammar(
+        lark: Option<&str>,
+        gbnf: Option<&str>,
+        regex: Option<&str>,
+    ) -> Result<Self> {
         match (lark, gbnf, regex) {
             (Some(g), None, None) => Ok(ConstraintSpec::Lark(g.to_string())),
             (None, Some(g), None) => Ok(ConstraintSpec::Gbnf(g.to_string())),
             (None, None, Some(r)) => Ok(ConstraintSpec::Regex(r.to_string())),
-            _ => Err(Error::invalid("grammar takes exactly one of 'lark', 'gbnf' or 'regex'")),
+            _ => Err(Error::invalid(
+                "grammar takes exactly one of 'lark', 'gbnf' or 'regex'",
+            )),
         }
     }
 
@@ -73,11 +84,14 @@ impl ConstraintSpec {
                 }
                 TopLevelGrammar::from_json_schema(schema.clone())
             }
-            ConstraintSpec::JsonObject => TopLevelGrammar::from_json_schema(serde_json::json!({ "type": "object" })),
+            ConstraintSpec::JsonObject => {
+                TopLevelGrammar::from_json_schema(serde_json::json!({ "type": "object" }))
+            }
             ConstraintSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
             ConstraintSpec::Regex(r) => TopLevelGrammar::from_regex(r),
             ConstraintSpec::Gbnf(g) => {
-                let lark = super::gbnf::gbnf_to_lark(g).map_err(|e| Error::invalid(format!("invalid grammar: {e}")))?;
+                let lark = super::gbnf::gbnf_to_lark(g)
+                    .map_err(|e| Error::invalid(format!("invalid grammar: {e}")))?;
                 TopLevelGrammar::from_lark(lark)
             }
         })
@@ -122,7 +136,11 @@ impl ConstraintEnv {
     pub fn new(tok: &Arc<Tokenizer>) -> Result<Self> {
         let n_vocab = tok.n_vocab() as u32;
         let eog: Vec<u32> = tok.eog_ids().to_vec();
-        let eos = tok.eos_id().or(eog.first().copied()).ok_or_else(|| Error::invalid("constrained decoding needs an end-of-generation token; the vocabulary has none"))?;
+        let eos = tok.eos_id().or(eog.first().copied()).ok_or_else(|| {
+            Error::invalid(
+                "constrained decoding needs an end-of-generation token; the vocabulary has none",
+            )
+        })?;
         // Each id's bytes as generated text shows them; control and other tokens that render as
         // nothing get llguidance's special-token form (0xFF + their text), so no grammar over
         // text matches them.
@@ -146,8 +164,16 @@ impl ConstraintEnv {
         let mut eos_all = vec![eos];
         eos_all.extend(eog.iter().copied().filter(|&t| t != eos));
         trie = trie.with_eos_tokens(&eos_all);
-        let env: TokEnv = Arc::new(TokenizerBridge { trie, tok: tok.clone() });
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::new(ErrorCode::Internal, format!("constrained decoding setup failed: {e}")))?;
+        let env: TokEnv = Arc::new(TokenizerBridge {
+            trie,
+            tok: tok.clone(),
+        });
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| {
+            Error::new(
+                ErrorCode::Internal,
+                format!("constrained decoding setup failed: {e}"),
+            )
+        })?;
         factory.set_stderr_log_level(0);
         Ok(ConstraintEnv { factory, n_vocab })
     }
@@ -169,30 +195,45 @@ impl Constraint {
     pub fn new(env: &ConstraintEnv, spec: &ConstraintSpec) -> Result<Self> {
         let grammar = spec.grammar()?;
         let kind = spec.kind();
-        let parser = env.factory.create_parser(grammar).map_err(|e| Error::invalid(format!("invalid {kind}: {e}")))?;
+        let parser = env
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| Error::invalid(format!("invalid {kind}: {e}")))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(Error::invalid(format!("invalid {kind}: {e}")));
         }
-        Ok(Constraint { matcher, words: vec![0; crate::ops::mask::mask_words(env.n_vocab) as usize], kind })
+        Ok(Constraint {
+            matcher,
+            words: vec![0; crate::ops::mask::mask_words(env.n_vocab) as usize],
+            kind,
+        })
     }
 
     /// The allowed tokens for the next step: bit `i % 32` of word `i / 32` (the GPU mask layout).
     pub fn mask(&mut self) -> Result<&[u32]> {
-        let v = self.matcher.compute_mask_or_eos().map_err(|e| self.error(e))?;
+        let v = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| self.error(e))?;
         let src = v.as_slice();
         let n = self.words.len().min(src.len());
         self.words[..n].copy_from_slice(&src[..n]);
         self.words[n..].fill(0);
         if self.words.iter().all(|&w| w == 0) {
-            return Err(Error::invalid(format!("the {} allows no token here", self.kind)));
+            return Err(Error::invalid(format!(
+                "the {} allows no token here",
+                self.kind
+            )));
         }
         Ok(&self.words)
     }
 
     /// Whether `token` is allowed by the last mask computed.
     pub fn allows(&self, token: u32) -> bool {
-        self.words.get(token as usize / 32).is_some_and(|w| (w >> (token % 32)) & 1 == 1)
+        self.words
+            .get(token as usize / 32)
+            .is_some_and(|w| (w >> (token % 32)) & 1 == 1)
     }
 
     /// Advance the grammar by a sampled token.
@@ -211,6 +252,9 @@ impl Constraint {
     }
 
     fn error(&self, e: impl std::fmt::Display) -> Error {
-        Error::new(ErrorCode::Internal, format!("the {} failed: {e}", self.kind))
+        Error::new(
+            ErrorCode::Internal,
+            format!("the {} failed: {e}", self.kind),
+        )
     }
 }

@@ -43,11 +43,17 @@ fn class_char(c: char) -> String {
 
 impl<'a> Parser<'a> {
     fn line(&self) -> usize {
-        1 + self.src[..self.pos.min(self.src.len())].iter().filter(|&&c| c == b'\n').count()
+        1 + self.src[..self.pos.min(self.src.len())]
+            .iter()
+            .filter(|&&c| c == b'\n')
+            .count()
     }
 
     fn err<T>(&self, message: impl Into<String>) -> Result<T, GbnfError> {
-        Err(GbnfError { line: self.line(), message: message.into() })
+        Err(GbnfError {
+            line: self.line(),
+            message: message.into(),
+        })
     }
 
     fn peek(&self) -> Option<u8> {
@@ -89,7 +95,16 @@ impl<'a> Parser<'a> {
         if let Some(n) = self.names.get(name) {
             return n.clone();
         }
-        let mut base: String = name.chars().map(|c| if c == '-' { '_' } else { c.to_ascii_lowercase() }).collect();
+        let mut base: String = name
+            .chars()
+            .map(|c| {
+                if c == '-' {
+                    '_'
+                } else {
+                    c.to_ascii_lowercase()
+                }
+            })
+            .collect();
         base = format!("g_{base}");
         let mut n = base.clone();
         let mut i = 1;
@@ -103,18 +118,30 @@ impl<'a> Parser<'a> {
 
     /// One (possibly escaped) character of a literal or class.
     fn char(&mut self) -> Result<char, GbnfError> {
-        let rest = std::str::from_utf8(&self.src[self.pos..]).map_err(|_| GbnfError { line: self.line(), message: "invalid UTF-8".into() })?;
+        let rest = std::str::from_utf8(&self.src[self.pos..]).map_err(|_| GbnfError {
+            line: self.line(),
+            message: "invalid UTF-8".into(),
+        })?;
         let mut it = rest.chars();
-        let c = it.next().ok_or_else(|| GbnfError { line: self.line(), message: "unexpected end of input".into() })?;
+        let c = it.next().ok_or_else(|| GbnfError {
+            line: self.line(),
+            message: "unexpected end of input".into(),
+        })?;
         if c != '\\' {
             self.pos += c.len_utf8();
             return Ok(c);
         }
-        let e = it.next().ok_or_else(|| GbnfError { line: self.line(), message: "unexpected end after '\\'".into() })?;
+        let e = it.next().ok_or_else(|| GbnfError {
+            line: self.line(),
+            message: "unexpected end after '\\'".into(),
+        })?;
         self.pos += 2;
         let hex = |p: &mut Self, n: usize| -> Result<char, GbnfError> {
             let s = std::str::from_utf8(p.src.get(p.pos..p.pos + n).unwrap_or(b"")).unwrap_or("");
-            let v = u32::from_str_radix(s, 16).ok().filter(|_| s.len() == n).and_then(char::from_u32);
+            let v = u32::from_str_radix(s, 16)
+                .ok()
+                .filter(|_| s.len() == n)
+                .and_then(char::from_u32);
             match v {
                 Some(c) => {
                     p.pos += n;
@@ -194,7 +221,10 @@ impl<'a> Parser<'a> {
         while self.peek().is_some_and(|c| c.is_ascii_digit()) {
             self.pos += 1;
         }
-        std::str::from_utf8(&self.src[start..self.pos]).unwrap_or("").parse().or_else(|_| self.err("expected a number"))
+        std::str::from_utf8(&self.src[start..self.pos])
+            .unwrap_or("")
+            .parse()
+            .or_else(|_| self.err("expected a number"))
     }
 
     /// A sequence of items up to `|`, `)` or (at the top level) the end of the line.
@@ -248,7 +278,9 @@ impl<'a> Parser<'a> {
                         } else {
                             let n = self.number()?;
                             if n < m {
-                                return self.err(format!("repetition {{{m},{n}}}: the maximum is below the minimum"));
+                                return self.err(format!(
+                                    "repetition {{{m},{n}}}: the maximum is below the minimum"
+                                ));
                             }
                             if n == 0 {
                                 "\"\"".to_string()
@@ -292,7 +324,12 @@ impl<'a> Parser<'a> {
 
 /// Translate a GBNF grammar into llguidance Lark (`start: g_root`).
 pub fn gbnf_to_lark(gbnf: &str) -> Result<String, GbnfError> {
-    let mut p = Parser { src: gbnf.as_bytes(), pos: 0, names: HashMap::new(), used: Vec::new() };
+    let mut p = Parser {
+        src: gbnf.as_bytes(),
+        pos: 0,
+        names: HashMap::new(),
+        used: Vec::new(),
+    };
     let mut rules: Vec<(String, String)> = Vec::new();
     let mut defined: HashMap<String, usize> = HashMap::new();
     p.space(true);
@@ -322,11 +359,17 @@ pub fn gbnf_to_lark(gbnf: &str) -> Result<String, GbnfError> {
         p.space(true);
     }
     if !defined.contains_key("root") {
-        return Err(GbnfError { line: 1, message: "the grammar has no 'root' rule".into() });
+        return Err(GbnfError {
+            line: 1,
+            message: "the grammar has no 'root' rule".into(),
+        });
     }
     for (name, line) in &p.used {
         if !defined.contains_key(name) {
-            return Err(GbnfError { line: *line, message: format!("rule '{name}' is used but never defined") });
+            return Err(GbnfError {
+                line: *line,
+                message: format!("rule '{name}' is used but never defined"),
+            });
         }
     }
     let mut out = format!("start: {}\n", p.names["root"]);
@@ -370,6 +413,9 @@ mod tests {
         assert_eq!(e.line, 2);
         let e = gbnf_to_lark("root ::= \"unterminated\n").unwrap_err();
         assert_eq!(e.line, 1);
-        assert!(gbnf_to_lark("item ::= \"x\"\n").unwrap_err().message.contains("root"));
+        assert!(gbnf_to_lark("item ::= \"x\"\n")
+            .unwrap_err()
+            .message
+            .contains("root"));
     }
 }

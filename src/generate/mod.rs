@@ -7,10 +7,10 @@
 //! - [`constraint`]: structured output (JSON Schema, Lark, regex, GBNF) as a per-step token mask.
 //! - [`chat`]: chat templates (the GGUF's Jinja template, or a built-in one per architecture).
 
+pub mod bench;
 pub mod chat;
 pub mod constraint;
 pub mod gbnf;
 pub mod sampler;
 pub mod score;
 pub mod session;
-pub mod bench;

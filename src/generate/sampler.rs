@@ -85,7 +85,10 @@ impl Default for SamplerParams {
 impl SamplerParams {
     /// Greedy decoding: argmax after penalties.
     pub fn greedy() -> Self {
-        SamplerParams { temperature: 0.0, ..Default::default() }
+        SamplerParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -93,7 +96,12 @@ impl SamplerParams {
     }
 
     pub fn penalties_active(&self) -> bool {
-        self.penalty_last_n != 0 && is_active(self.repeat_penalty, self.frequency_penalty, self.presence_penalty)
+        self.penalty_last_n != 0
+            && is_active(
+                self.repeat_penalty,
+                self.frequency_penalty,
+                self.presence_penalty,
+            )
     }
 }
 
@@ -127,7 +135,12 @@ impl SamplerRng {
 /// applied): top-k, top-p, min-p, temperature, softmax, then a draw with the uniform `u`.
 /// `norm` is the full-vocabulary `(max, sum exp(logit - max))`, used by top-p when the candidates
 /// are not all llama.cpp's top-k set would be (see the module docs). `None` when empty.
-pub fn sample_candidates(p: &SamplerParams, candidates: &[(f32, u32)], norm: Option<(f32, f32)>, u: f64) -> Option<u32> {
+pub fn sample_candidates(
+    p: &SamplerParams,
+    candidates: &[(f32, u32)],
+    norm: Option<(f32, f32)>,
+    u: f64,
+) -> Option<u32> {
     let mut c: Vec<(f32, u32)> = candidates.to_vec();
     if c.is_empty() {
         return None;
@@ -191,15 +204,30 @@ pub fn sample_candidates(p: &SamplerParams, candidates: &[(f32, u32)], norm: Opt
 pub fn reference_sample(p: &SamplerParams, logits: &[f32], recent: &[u32], u: f64) -> Option<u32> {
     let mut l = logits.to_vec();
     if p.penalties_active() {
-        crate::ops::penalty::cpu_penalties(&mut l, &count_tokens(recent.iter().copied()), p.repeat_penalty, p.frequency_penalty, p.presence_penalty);
+        crate::ops::penalty::cpu_penalties(
+            &mut l,
+            &count_tokens(recent.iter().copied()),
+            p.repeat_penalty,
+            p.frequency_penalty,
+            p.presence_penalty,
+        );
     }
     if p.is_greedy() {
         let i = crate::ops::argmax::cpu_argmax(&l);
         return (i != crate::ops::argmax::NONE).then_some(i);
     }
     let full = crate::ops::topk::cpu_topk(&l, l.len());
-    let k = if p.top_k > 0 { (p.top_k as usize).min(TOPK as usize) } else { TOPK as usize };
-    sample_candidates(p, &full.candidates[..k.min(full.candidates.len())], Some((full.max, full.sum_exp)), u)
+    let k = if p.top_k > 0 {
+        (p.top_k as usize).min(TOPK as usize)
+    } else {
+        TOPK as usize
+    };
+    sample_candidates(
+        p,
+        &full.candidates[..k.min(full.candidates.len())],
+        Some((full.max, full.sum_exp)),
+        u,
+    )
 }
 
 /// GPU objects bound to one logits buffer, rebuilt when the caller passes another.
@@ -242,7 +270,15 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplerParams) -> Self {
         let rng = SamplerRng::new(params.seed);
-        Sampler { params, rng, history: VecDeque::new(), gpu: None, constraint: None, mask_time_s: 0.0, masks: 0 }
+        Sampler {
+            params,
+            rng,
+            history: VecDeque::new(),
+            gpu: None,
+            constraint: None,
+            mask_time_s: 0.0,
+            masks: 0,
+        }
     }
 
     /// Constrain every token sampled from now on to `constraint`'s grammar.
@@ -253,7 +289,6 @@ impl Sampler {
     pub fn constraint_mut(&mut self) -> Option<&mut Constraint> {
         self.constraint.as_mut()
     }
-
 
     /// Record a token (prompt or generated) for the penalties.
     pub fn accept(&mut self, token: u32) {
@@ -282,7 +317,12 @@ impl Sampler {
         self.history.iter().copied().collect()
     }
 
-    fn state(&mut self, ctx: &GpuContext, logits: &wgpu::Buffer, n_vocab: u32) -> Result<&mut GpuState> {
+    fn state(
+        &mut self,
+        ctx: &GpuContext,
+        logits: &wgpu::Buffer,
+        n_vocab: u32,
+    ) -> Result<&mut GpuState> {
         let stale = match &self.gpu {
             Some(g) => g.logits != *logits || g.n_vocab != n_vocab,
             None => true,
@@ -309,7 +349,13 @@ impl Sampler {
 
     /// Record penalties, the reduction and the copy to the readback buffer into `encoder`
     /// (one compute pass). `logits` holds at least `n_vocab` f32 (`STORAGE`).
-    pub fn encode(&mut self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, logits: &wgpu::Buffer, n_vocab: u32) -> Result<()> {
+    pub fn encode(
+        &mut self,
+        ctx: &GpuContext,
+        encoder: &mut wgpu::CommandEncoder,
+        logits: &wgpu::Buffer,
+        n_vocab: u32,
+    ) -> Result<()> {
         self.encode_after(ctx, encoder, logits, n_vocab, |_| {})
     }
 
@@ -324,7 +370,11 @@ impl Sampler {
         before: impl FnOnce(&mut wgpu::ComputePass<'_>),
     ) -> Result<()> {
         let p = self.params.clone();
-        let pairs = if p.penalties_active() { count_tokens(self.history.iter().copied()) } else { Vec::new() };
+        let pairs = if p.penalties_active() {
+            count_tokens(self.history.iter().copied())
+        } else {
+            Vec::new()
+        };
         let words = match self.constraint.as_mut() {
             Some(c) => {
                 let t0 = super::session::now_s();
@@ -343,20 +393,41 @@ impl Sampler {
             g.mask.as_ref().expect("built").write(ctx, words);
         }
         if !pairs.is_empty() && g.penalties.is_none() {
-            g.penalties = Some(Penalties::new(ctx, logits, n_vocab, pairs.len().max(64) as u32)?);
+            g.penalties = Some(Penalties::new(
+                ctx,
+                logits,
+                n_vocab,
+                pairs.len().max(64) as u32,
+            )?);
         }
         if let Some(pen) = g.penalties.as_mut() {
             // No pairs: the dispatch is skipped.
-            pen.write(ctx, logits, &pairs, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)?;
+            pen.write(
+                ctx,
+                logits,
+                &pairs,
+                p.repeat_penalty,
+                p.frequency_penalty,
+                p.presence_penalty,
+            )?;
         }
-        let kind = if p.is_greedy() { Pending::Argmax } else { Pending::TopK };
+        let kind = if p.is_greedy() {
+            Pending::Argmax
+        } else {
+            Pending::TopK
+        };
         match kind {
-            Pending::Argmax if g.argmax.is_none() => g.argmax = Some(Argmax::new(ctx, logits, n_vocab)?),
+            Pending::Argmax if g.argmax.is_none() => {
+                g.argmax = Some(Argmax::new(ctx, logits, n_vocab)?)
+            }
             Pending::TopK if g.topk.is_none() => g.topk = Some(TopK::new(ctx, logits, n_vocab)?),
             _ => {}
         }
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward + sampler"), timestamp_writes: None });
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("forward + sampler"),
+                timestamp_writes: None,
+            });
             before(&mut pass);
             let mask = g.mask.as_ref().filter(|_| words.is_some());
             if let Some(m) = mask {
@@ -377,11 +448,28 @@ impl Sampler {
                     t.stages()
                 }
             };
-            ctx.count_recorded(1, stages as u64 + g.penalties.is_some() as u64 + mask.map_or(0, |m| m.dispatches() as u64));
+            ctx.count_recorded(
+                1,
+                stages as u64
+                    + g.penalties.is_some() as u64
+                    + mask.map_or(0, |m| m.dispatches() as u64),
+            );
         }
         match kind {
-            Pending::Argmax => encoder.copy_buffer_to_buffer(g.argmax.as_ref().expect("built").result(), 0, &g.staging, 0, 8),
-            Pending::TopK => encoder.copy_buffer_to_buffer(g.topk.as_ref().expect("built").result(), 0, &g.staging, 0, TopK::RESULT_BYTES),
+            Pending::Argmax => encoder.copy_buffer_to_buffer(
+                g.argmax.as_ref().expect("built").result(),
+                0,
+                &g.staging,
+                0,
+                8,
+            ),
+            Pending::TopK => encoder.copy_buffer_to_buffer(
+                g.topk.as_ref().expect("built").result(),
+                0,
+                &g.staging,
+                0,
+                TopK::RESULT_BYTES,
+            ),
         }
         g.pending = Some(kind);
         Ok(())
@@ -411,7 +499,9 @@ impl Sampler {
         ring: (&wgpu::Buffer, u64),
     ) -> Result<()> {
         if !self.chains_on_gpu() {
-            return Err(Error::internal("encode_chained needs greedy sampling without penalties or constraint"));
+            return Err(Error::internal(
+                "encode_chained needs greedy sampling without penalties or constraint",
+            ));
         }
         let g = self.state(ctx, logits, n_vocab)?;
         if g.argmax.is_none() {
@@ -419,7 +509,10 @@ impl Sampler {
         }
         let a = g.argmax.as_ref().expect("built");
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward + argmax"), timestamp_writes: None });
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("forward + argmax"),
+                timestamp_writes: None,
+            });
             before(&mut pass);
             a.encode_pass(&mut pass);
             ctx.count_recorded(1, a.stages() as u64);
@@ -438,30 +531,49 @@ impl Sampler {
 
     /// After the encoder from [`Sampler::encode`] was submitted: read back, pick, accept.
     pub async fn finish(&mut self, ctx: &GpuContext) -> Result<u32> {
-        let g = self.gpu.as_mut().ok_or_else(|| Error::internal("Sampler::finish without encode"))?;
-        let kind = g.pending.take().ok_or_else(|| Error::internal("Sampler::finish without encode"))?;
+        let g = self
+            .gpu
+            .as_mut()
+            .ok_or_else(|| Error::internal("Sampler::finish without encode"))?;
+        let kind = g
+            .pending
+            .take()
+            .ok_or_else(|| Error::internal("Sampler::finish without encode"))?;
         let len = match kind {
             Pending::Argmax => 8,
             Pending::TopK => TopK::RESULT_BYTES,
         };
         let bytes = map_read(ctx, &g.staging, len).await?;
         let token = match kind {
-            Pending::Argmax => Some(u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]])).filter(|&t| t != crate::ops::argmax::NONE),
+            Pending::Argmax => Some(u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]))
+                .filter(|&t| t != crate::ops::argmax::NONE),
             Pending::TopK => {
                 let r = TopKResult::from_bytes(&bytes);
                 let u = self.rng.uniform();
                 // Masked tokens come back as -inf when fewer than TOPK are allowed: drop them.
                 let candidates: Vec<(f32, u32)> = match &self.constraint {
-                    Some(c) => r.candidates.iter().copied().filter(|&(l, id)| l > f32::NEG_INFINITY && c.allows(id)).collect(),
+                    Some(c) => r
+                        .candidates
+                        .iter()
+                        .copied()
+                        .filter(|&(l, id)| l > f32::NEG_INFINITY && c.allows(id))
+                        .collect(),
                     None => r.candidates,
                 };
                 sample_candidates(&self.params, &candidates, Some((r.max, r.sum_exp)), u)
             }
         };
-        let token = token.ok_or_else(|| Error::new(ErrorCode::Internal, "no token to sample: the logits are all NaN"))?;
+        let token = token.ok_or_else(|| {
+            Error::new(
+                ErrorCode::Internal,
+                "no token to sample: the logits are all NaN",
+            )
+        })?;
         if let Some(c) = self.constraint.as_mut() {
             if !c.allows(token) {
-                return Err(Error::internal(format!("the sampler picked token {token}, which the constraint forbids")));
+                return Err(Error::internal(format!(
+                    "the sampler picked token {token}, which the constraint forbids"
+                )));
             }
             c.commit(token)?;
         }
@@ -471,37 +583,75 @@ impl Sampler {
 
     /// Append sampling to `encoder` (which may hold the forward pass), submit it, read back once
     /// and return the next token.
-    pub async fn sample(&mut self, ctx: &GpuContext, mut encoder: wgpu::CommandEncoder, logits: &wgpu::Buffer, n_vocab: u32) -> Result<u32> {
+    pub async fn sample(
+        &mut self,
+        ctx: &GpuContext,
+        mut encoder: wgpu::CommandEncoder,
+        logits: &wgpu::Buffer,
+        n_vocab: u32,
+    ) -> Result<u32> {
         self.encode(ctx, &mut encoder, logits, n_vocab)?;
         ctx.submit([encoder.finish()]);
         self.finish(ctx).await
     }
 
     /// [`Sampler::sample`] with a fresh encoder, for logits already computed.
-    pub async fn sample_logits(&mut self, ctx: &GpuContext, logits: &wgpu::Buffer, n_vocab: u32) -> Result<u32> {
-        let encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sample") });
+    pub async fn sample_logits(
+        &mut self,
+        ctx: &GpuContext,
+        logits: &wgpu::Buffer,
+        n_vocab: u32,
+    ) -> Result<u32> {
+        let encoder = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("sample"),
+            });
         self.sample(ctx, encoder, logits, n_vocab).await
     }
 }
 
 /// Map the first `len` bytes of a `MAP_READ` buffer whose copy was submitted, and copy them out.
 /// (`gpu::read_buffer` adds its own copy and submit; here the copy rode in the token's encoder.)
-pub(crate) async fn map_read(ctx: &GpuContext, staging: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
+pub(crate) async fn map_read(
+    ctx: &GpuContext,
+    staging: &wgpu::Buffer,
+    len: u64,
+) -> Result<Vec<u8>> {
     let (tx, rx) = futures_channel::oneshot::channel();
-    staging.slice(..len).map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r);
-    });
+    staging
+        .slice(..len)
+        .map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
     #[cfg(not(target_arch = "wasm32"))]
     ctx.device
         .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| Error::new(ErrorCode::DeviceLost, format!("waiting for the GPU failed: {e}")))?;
-    let mapped = rx.await.map_err(|_| Error::new(ErrorCode::DeviceLost, "the GPU dropped a readback"))?;
-    mapped.map_err(|e| Error::new(ErrorCode::DeviceLost, format!("mapping the sampler readback failed: {e}")))?;
+        .map_err(|e| {
+            Error::new(
+                ErrorCode::DeviceLost,
+                format!("waiting for the GPU failed: {e}"),
+            )
+        })?;
+    let mapped = rx
+        .await
+        .map_err(|_| Error::new(ErrorCode::DeviceLost, "the GPU dropped a readback"))?;
+    mapped.map_err(|e| {
+        Error::new(
+            ErrorCode::DeviceLost,
+            format!("mapping the sampler readback failed: {e}"),
+        )
+    })?;
     ctx.check_errors()?;
     let bytes = staging
         .slice(..len)
         .get_mapped_range()
-        .map_err(|e| Error::new(ErrorCode::DeviceLost, format!("reading the sampler readback failed: {e:?}")))?
+        .map_err(|e| {
+            Error::new(
+                ErrorCode::DeviceLost,
+                format!("reading the sampler readback failed: {e:?}"),
+            )
+        })?
         .to_vec();
     staging.unmap();
     Ok(bytes)
@@ -512,7 +662,13 @@ mod tests {
     use super::*;
 
     fn params() -> SamplerParams {
-        SamplerParams { top_k: 0, top_p: 1.0, min_p: 0.0, temperature: 1.0, ..Default::default() }
+        SamplerParams {
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            temperature: 1.0,
+            ..Default::default()
+        }
     }
 
     /// Candidates with probabilities 0.5, 0.25, 0.125, 0.125 at temperature 1.
@@ -556,35 +712,162 @@ mod tests {
     fn top_k_top_p_min_p_temperature() {
         let c = cands();
         // top_k 1 is greedy whatever u.
-        assert_eq!(sample_candidates(&SamplerParams { top_k: 1, ..params() }, &c, None, 0.99), Some(10));
+        assert_eq!(
+            sample_candidates(
+                &SamplerParams {
+                    top_k: 1,
+                    ..params()
+                },
+                &c,
+                None,
+                0.99
+            ),
+            Some(10)
+        );
         // top_k 2: renormalized 2/3, 1/3.
-        assert_eq!(sample_candidates(&SamplerParams { top_k: 2, ..params() }, &c, None, 0.65), Some(10));
-        assert_eq!(sample_candidates(&SamplerParams { top_k: 2, ..params() }, &c, None, 0.99), Some(11));
+        assert_eq!(
+            sample_candidates(
+                &SamplerParams {
+                    top_k: 2,
+                    ..params()
+                },
+                &c,
+                None,
+                0.65
+            ),
+            Some(10)
+        );
+        assert_eq!(
+            sample_candidates(
+                &SamplerParams {
+                    top_k: 2,
+                    ..params()
+                },
+                &c,
+                None,
+                0.99
+            ),
+            Some(11)
+        );
         // top_p 0.7: cumulative 0.5, 0.75 -> keeps 2 (llama.cpp includes the crossing token).
-        assert_eq!(sample_candidates(&SamplerParams { top_p: 0.7, ..params() }, &c, None, 0.99), Some(11));
+        assert_eq!(
+            sample_candidates(
+                &SamplerParams {
+                    top_p: 0.7,
+                    ..params()
+                },
+                &c,
+                None,
+                0.99
+            ),
+            Some(11)
+        );
         // top_p 0.5: the first token alone reaches it.
-        assert_eq!(sample_candidates(&SamplerParams { top_p: 0.5, ..params() }, &c, None, 0.99), Some(10));
+        assert_eq!(
+            sample_candidates(
+                &SamplerParams {
+                    top_p: 0.5,
+                    ..params()
+                },
+                &c,
+                None,
+                0.99
+            ),
+            Some(10)
+        );
         // top_p with the full-vocab normalizer when top_k is off: these 4 hold half the mass, so
         // 0.3 needs 0.25 + 0.125 -> 2 tokens.
         let norm = Some((c[0].0, 4.0));
-        assert_eq!(sample_candidates(&SamplerParams { top_p: 0.3, ..params() }, &c, norm, 0.99), Some(11));
+        assert_eq!(
+            sample_candidates(
+                &SamplerParams {
+                    top_p: 0.3,
+                    ..params()
+                },
+                &c,
+                norm,
+                0.99
+            ),
+            Some(11)
+        );
         // min_p 0.3: keeps p >= 0.15 (0.5, 0.25).
-        assert_eq!(sample_candidates(&SamplerParams { min_p: 0.3, ..params() }, &c, None, 0.99), Some(11));
-        assert_eq!(sample_candidates(&SamplerParams { min_p: 0.6, ..params() }, &c, None, 0.99), Some(10));
+        assert_eq!(
+            sample_candidates(
+                &SamplerParams {
+                    min_p: 0.3,
+                    ..params()
+                },
+                &c,
+                None,
+                0.99
+            ),
+            Some(11)
+        );
+        assert_eq!(
+            sample_candidates(
+                &SamplerParams {
+                    min_p: 0.6,
+                    ..params()
+                },
+                &c,
+                None,
+                0.99
+            ),
+            Some(10)
+        );
         // Low temperature sharpens: at T = 0.1 the top token takes ~all mass.
-        assert_eq!(sample_candidates(&SamplerParams { temperature: 0.1, ..params() }, &c, None, 0.99), Some(10));
+        assert_eq!(
+            sample_candidates(
+                &SamplerParams {
+                    temperature: 0.1,
+                    ..params()
+                },
+                &c,
+                None,
+                0.99
+            ),
+            Some(10)
+        );
         // High temperature flattens: at T = 100 the four are near uniform, u = 0.6 -> third.
-        assert_eq!(sample_candidates(&SamplerParams { temperature: 100.0, ..params() }, &c, None, 0.6), Some(12));
+        assert_eq!(
+            sample_candidates(
+                &SamplerParams {
+                    temperature: 100.0,
+                    ..params()
+                },
+                &c,
+                None,
+                0.6
+            ),
+            Some(12)
+        );
         // Temperature 0 keeps the top.
-        assert_eq!(sample_candidates(&SamplerParams { temperature: 0.0, ..params() }, &c, None, 0.99), Some(10));
+        assert_eq!(
+            sample_candidates(
+                &SamplerParams {
+                    temperature: 0.0,
+                    ..params()
+                },
+                &c,
+                None,
+                0.99
+            ),
+            Some(10)
+        );
     }
 
     #[test]
     fn history_keeps_the_last_n() {
-        let mut s = Sampler::new(SamplerParams { penalty_last_n: 3, ..Default::default() });
+        let mut s = Sampler::new(SamplerParams {
+            penalty_last_n: 3,
+            ..Default::default()
+        });
         s.accept_all(&[1, 2, 3, 4, 5]);
         assert_eq!(s.history(), vec![3, 4, 5]);
-        let mut s = Sampler::new(SamplerParams { penalty_last_n: -1, ..Default::default() });
+        let mut s = Sampler::new(SamplerParams {
+            penalty_last_n: -1,
+            ..Default::default()
+        });
         s.accept_all(&[1, 2, 3, 4, 5]);
         assert_eq!(s.history().len(), 5);
     }
@@ -592,7 +875,10 @@ mod tests {
     #[test]
     fn reference_penalties_lower_a_repeated_token() {
         let logits = vec![2.0f32, 1.9, 0.0, -1.0];
-        let p = SamplerParams { repeat_penalty: 1.5, ..SamplerParams::greedy() };
+        let p = SamplerParams {
+            repeat_penalty: 1.5,
+            ..SamplerParams::greedy()
+        };
         assert_eq!(reference_sample(&p, &logits, &[], 0.0), Some(0));
         assert_eq!(reference_sample(&p, &logits, &[0], 0.0), Some(1));
     }

@@ -11,8 +11,19 @@ use crate::model::{LogitRows, Model};
 /// `batch` tokens are evaluated per forward pass. Positions before `from` only fill the cache
 /// (one row of logits per batch); from `from` on every row's logits are read back whole (a test
 /// and analysis path, not generation).
-pub async fn score(ctx: &GpuContext, model: &Model, tokens: &[u32], from: usize, k: usize, batch: u32) -> Result<Vec<Vec<(u32, f32)>>> {
-    Ok(score_rows(ctx, model, tokens, from, k, batch).await?.into_iter().map(|r| r.top).collect())
+pub async fn score(
+    ctx: &GpuContext,
+    model: &Model,
+    tokens: &[u32],
+    from: usize,
+    k: usize,
+    batch: u32,
+) -> Result<Vec<Vec<(u32, f32)>>> {
+    Ok(score_rows(ctx, model, tokens, from, k, batch)
+        .await?
+        .into_iter()
+        .map(|r| r.top)
+        .collect())
 }
 
 /// One scored position: the best logits and the row's log-sum-exp (a token's log-probability
@@ -26,11 +37,21 @@ pub struct ScoredRow {
 }
 
 /// As [`score`], with each row's log-sum-exp.
-pub async fn score_rows(ctx: &GpuContext, model: &Model, tokens: &[u32], from: usize, k: usize, batch: u32) -> Result<Vec<ScoredRow>> {
+pub async fn score_rows(
+    ctx: &GpuContext,
+    model: &Model,
+    tokens: &[u32],
+    from: usize,
+    k: usize,
+    batch: u32,
+) -> Result<Vec<ScoredRow>> {
     let n_vocab = model.hp.n_vocab as usize;
     let mut out = Vec::with_capacity(tokens.len().saturating_sub(from));
     forward_rows(ctx, model, tokens, from, batch, &mut |logits| {
-        out.extend(logits.chunks_exact(n_vocab).map(|row| ScoredRow { top: top_k(row, k), lse: log_sum_exp(row) }))
+        out.extend(logits.chunks_exact(n_vocab).map(|row| ScoredRow {
+            top: top_k(row, k),
+            lse: log_sum_exp(row),
+        }))
     })
     .await?;
     Ok(out)
@@ -38,11 +59,18 @@ pub async fn score_rows(ctx: &GpuContext, model: &Model, tokens: &[u32], from: u
 
 /// `ln(sum(exp(x)))` in f64, shifted by the maximum; NaN if any element is NaN.
 pub fn log_sum_exp(row: &[f32]) -> f64 {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m || v.is_nan() { v } else { m }) as f64;
+    let max = row.iter().fold(
+        f32::NEG_INFINITY,
+        |m, &v| if v > m || v.is_nan() { v } else { m },
+    ) as f64;
     if !max.is_finite() {
         return max;
     }
-    max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln()
+    max + row
+        .iter()
+        .map(|&v| (v as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
 }
 
 /// Run `tokens` through a fresh cache in batches of `batch`; `on_rows` gets the full logits
@@ -62,9 +90,17 @@ async fn forward_rows(
     let mut pos = 0usize;
     while pos < tokens.len() {
         // Chunks end at `from` so every reported row comes from an `All` pass.
-        let end = if pos < from { from.min(pos + batch) } else { (pos + batch).min(tokens.len()) };
+        let end = if pos < from {
+            from.min(pos + batch)
+        } else {
+            (pos + batch).min(tokens.len())
+        };
         let chunk = &tokens[pos..end];
-        let rows = if pos >= from { LogitRows::All } else { LogitRows::Last };
+        let rows = if pos >= from {
+            LogitRows::All
+        } else {
+            LogitRows::Last
+        };
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         model.encode(ctx, &mut enc, &ws, &kv, chunk, pos as u32, rows)?;
         ctx.submit([enc.finish()]);
@@ -91,8 +127,16 @@ pub fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
 }
 
 /// Every position's full logits, `(tokens.len(), n_vocab)` row-major (tests on small vocabularies).
-pub async fn score_logits(ctx: &GpuContext, model: &Model, tokens: &[u32], batch: u32) -> Result<Vec<f32>> {
+pub async fn score_logits(
+    ctx: &GpuContext,
+    model: &Model,
+    tokens: &[u32],
+    batch: u32,
+) -> Result<Vec<f32>> {
     let mut out = Vec::with_capacity(tokens.len() * model.hp.n_vocab as usize);
-    forward_rows(ctx, model, tokens, 0, batch, &mut |logits| out.extend(logits)).await?;
+    forward_rows(ctx, model, tokens, 0, batch, &mut |logits| {
+        out.extend(logits)
+    })
+    .await?;
     Ok(out)
 }

@@ -47,7 +47,15 @@ pub struct SessionOptions {
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { n_ctx: 2048, n_keep: 0, n_discard: None, context_shift: true, batch: 64, chain: true, shift_recompute: false }
+        SessionOptions {
+            n_ctx: 2048,
+            n_keep: 0,
+            n_discard: None,
+            context_shift: true,
+            batch: 64,
+            chain: true,
+            shift_recompute: false,
+        }
     }
 }
 
@@ -99,9 +107,17 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(ctx: Arc<GpuContext>, model: Arc<Model>, tok: Arc<Tokenizer>, opts: SessionOptions) -> Result<Self> {
+    pub fn new(
+        ctx: Arc<GpuContext>,
+        model: Arc<Model>,
+        tok: Arc<Tokenizer>,
+        opts: SessionOptions,
+    ) -> Result<Self> {
         if opts.n_ctx < 2 || opts.n_keep >= opts.n_ctx {
-            return Err(Error::invalid(format!("context {} with n_keep {}: n_keep must be below the context", opts.n_ctx, opts.n_keep)));
+            return Err(Error::invalid(format!(
+                "context {} with n_keep {}: n_keep must be below the context",
+                opts.n_ctx, opts.n_keep
+            )));
         }
         let kv = model.new_kv_cache(&ctx, opts.n_ctx)?;
         let batch = opts.batch.clamp(1, opts.n_ctx);
@@ -172,7 +188,8 @@ impl Session {
     /// [`SessionOptions::shift_recompute`] the kept tokens are evaluated again from scratch.
     pub fn shift(&mut self, n_keep: u32, n_discard: u32) -> Result<()> {
         self.kv.shift(&self.ctx, n_keep, n_discard)?;
-        self.tokens.drain(n_keep as usize..(n_keep + n_discard) as usize);
+        self.tokens
+            .drain(n_keep as usize..(n_keep + n_discard) as usize);
         self.shifts += 1;
         if self.opts.shift_recompute && self.kv.n_past() > n_keep {
             let kept = std::mem::take(&mut self.tokens);
@@ -208,7 +225,10 @@ impl Session {
             let want = self.opts.n_discard.unwrap_or((free / 2).max(1));
             let n_discard = want.max(n + self.kv.n_past() - n_ctx).min(free);
             if n_discard == 0 {
-                return Err(Error::new(ErrorCode::ContextFull, format!("n_keep {n_keep} leaves no room in the context of {n_ctx}")));
+                return Err(Error::new(
+                    ErrorCode::ContextFull,
+                    format!("n_keep {n_keep} leaves no room in the context of {n_ctx}"),
+                ));
             }
             self.shift(n_keep, n_discard)?;
         }
@@ -218,7 +238,15 @@ impl Session {
     /// Encode one chunk's forward pass (making room first) and mark its cells used.
     fn encode_chunk(&mut self, enc: &mut wgpu::CommandEncoder, chunk: &[u32]) -> Result<()> {
         let (plan, pos0) = self.begin_chunk(chunk)?;
-        self.model.run(&self.ctx, enc, &self.ws, &self.kv, &self.plans[plan], chunk, pos0)?;
+        self.model.run(
+            &self.ctx,
+            enc,
+            &self.ws,
+            &self.kv,
+            &self.plans[plan],
+            chunk,
+            pos0,
+        )?;
         self.end_chunk(chunk)
     }
 
@@ -245,15 +273,25 @@ impl Session {
     /// elsewhere one plan per batch size covers the whole context.
     fn plan_for(&mut self, n: u32, end: u32) -> Result<usize> {
         let n_ctx = self.kv.n_ctx();
-        let cells = if crate::ops::matmul::is_cpu_adapter(&self.ctx) { end.next_power_of_two().max(256).min(n_ctx) } else { n_ctx };
-        if let Some(i) = self.plans.iter().position(|p| p.n_tokens == n && p.max_cells == cells) {
+        let cells = if crate::ops::matmul::is_cpu_adapter(&self.ctx) {
+            end.next_power_of_two().max(256).min(n_ctx)
+        } else {
+            n_ctx
+        };
+        if let Some(i) = self
+            .plans
+            .iter()
+            .position(|p| p.n_tokens == n && p.max_cells == cells)
+        {
             return Ok(i);
         }
         // Prefill tails come in many sizes: keep the cache small.
         if self.plans.len() >= MAX_PLANS {
             self.plans.remove(0);
         }
-        let plan = self.model.plan(&self.ctx, &self.ws, &self.kv, n, LogitRows::Last, cells)?;
+        let plan = self
+            .model
+            .plan(&self.ctx, &self.ws, &self.kv, n, LogitRows::Last, cells)?;
         self.plans.push(plan);
         Ok(self.plans.len() - 1)
     }
@@ -261,7 +299,10 @@ impl Session {
     /// GPU time of each op kind in one decode step at the current position (timestamp queries,
     /// one pass per dispatch): feeds the last token again without keeping its cell.
     pub async fn profile_decode(&mut self) -> Result<Vec<crate::gpu::profile::KindTime>> {
-        let last = *self.tokens.last().ok_or_else(|| Error::invalid("profile: feed tokens first"))?;
+        let last = *self
+            .tokens
+            .last()
+            .ok_or_else(|| Error::invalid("profile: feed tokens first"))?;
         self.ensure_room(1)?;
         let pos0 = self.kv.n_past();
         let i = self.plan_for(1, pos0 + 1)?;
@@ -283,7 +324,9 @@ impl Session {
     fn check_ids(&self, tokens: &[u32]) -> Result<()> {
         let n_vocab = self.model.hp.n_vocab;
         match tokens.iter().find(|&&t| t >= n_vocab) {
-            Some(bad) => Err(Error::invalid(format!("token id {bad} is outside the vocabulary of {n_vocab}"))),
+            Some(bad) => Err(Error::invalid(format!(
+                "token id {bad} is outside the vocabulary of {n_vocab}"
+            ))),
             None => Ok(()),
         }
     }
@@ -315,7 +358,13 @@ impl Session {
         let (plan, pos0) = self.begin_chunk(chunk)?;
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         let mut recorded = Ok(());
-        let (model, ctx, ws, kv, plan) = (&self.model, &self.ctx, &self.ws, &self.kv, &self.plans[plan]);
+        let (model, ctx, ws, kv, plan) = (
+            &self.model,
+            &self.ctx,
+            &self.ws,
+            &self.kv,
+            &self.plans[plan],
+        );
         sampler.encode_after(ctx, &mut enc, &ws.logits, model.hp.n_vocab, |pass| {
             recorded = model.record(ctx, pass, ws, kv, plan, chunk, pos0);
         })?;
@@ -347,12 +396,24 @@ impl Session {
     /// step's argmax is the next step's input, every step is submitted without waiting, and the
     /// `k` ids are read back once. Returns the sampled ids in order (accepted into `sampler`);
     /// the session has then fed `first` and all but the last of them.
-    pub async fn decode_chained(&mut self, first: u32, k: u32, sampler: &mut Sampler) -> Result<Vec<u32>> {
+    pub async fn decode_chained(
+        &mut self,
+        first: u32,
+        k: u32,
+        sampler: &mut Sampler,
+    ) -> Result<Vec<u32>> {
         if k == 0 || k > CHAIN || self.kv.n_past() + k > self.opts.n_ctx {
-            return Err(Error::internal(format!("decode_chained: {k} steps at {} of {}", self.kv.n_past(), self.opts.n_ctx)));
+            return Err(Error::internal(format!(
+                "decode_chained: {k} steps at {} of {}",
+                self.kv.n_past(),
+                self.opts.n_ctx
+            )));
         }
         if first >= self.model.hp.n_vocab {
-            return Err(Error::invalid(format!("token id {first} is outside the vocabulary of {}", self.model.hp.n_vocab)));
+            return Err(Error::invalid(format!(
+                "token id {first} is outside the vocabulary of {}",
+                self.model.hp.n_vocab
+            )));
         }
         if self.ring.is_none() {
             self.ring = Some(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -376,15 +437,34 @@ impl Session {
             let (model, ctx, plan) = (&self.model, &self.ctx, &self.plans[plan]);
             let next_id = (&self.ws.step.buffer, crate::gpu::Step::IDS_OFFSET * 4);
             let ring = (self.ring.as_ref().expect("made above"), i as u64 * 8);
-            sampler.encode_chained(ctx, &mut enc, &self.ws.logits, n_vocab, |pass| model.record_plan(ctx, pass, plan), next_id, ring)?;
+            sampler.encode_chained(
+                ctx,
+                &mut enc,
+                &self.ws.logits,
+                n_vocab,
+                |pass| model.record_plan(ctx, pass, plan),
+                next_id,
+                ring,
+            )?;
             self.ctx.submit([enc.finish()]);
             self.kv.advance(1)?;
         }
         self.record_s += now_s() - t0;
-        let bytes = super::sampler::map_read(&self.ctx, self.ring.as_ref().expect("made above"), k as u64 * 8).await?;
-        let ids: Vec<u32> = bytes.chunks_exact(8).map(|c| u32::from_le_bytes([c[4], c[5], c[6], c[7]])).collect();
+        let bytes = super::sampler::map_read(
+            &self.ctx,
+            self.ring.as_ref().expect("made above"),
+            k as u64 * 8,
+        )
+        .await?;
+        let ids: Vec<u32> = bytes
+            .chunks_exact(8)
+            .map(|c| u32::from_le_bytes([c[4], c[5], c[6], c[7]]))
+            .collect();
         if let Some(pos) = ids.iter().position(|&t| t >= n_vocab) {
-            return Err(Error::new(ErrorCode::Internal, format!("no token to sample at chained step {pos}: the logits are all NaN")));
+            return Err(Error::new(
+                ErrorCode::Internal,
+                format!("no token to sample at chained step {pos}: the logits are all NaN"),
+            ));
         }
         // The inputs fed: `first`, then every id but the last.
         self.tokens.push(first);
@@ -401,7 +481,13 @@ impl Session {
         if !self.have_logits {
             return Err(Error::invalid("no logits yet: feed tokens first"));
         }
-        crate::gpu::readback::read_f32(&self.ctx, &self.ws.logits, 0, self.model.hp.n_vocab as usize).await
+        crate::gpu::readback::read_f32(
+            &self.ctx,
+            &self.ws.logits,
+            0,
+            self.model.hp.n_vocab as usize,
+        )
+        .await
     }
 
     /// Sample the next token from the current logits.
@@ -414,7 +500,9 @@ impl Session {
             }
             return Err(Error::invalid("no logits yet: feed tokens first"));
         }
-        sampler.sample_logits(&self.ctx, &self.ws.logits, self.model.hp.n_vocab).await
+        sampler
+            .sample_logits(&self.ctx, &self.ws.logits, self.model.hp.n_vocab)
+            .await
     }
 
     /// Generate from `prompt` (token ids, appended to what the session holds): streams
@@ -426,7 +514,11 @@ impl Session {
         on_token: &mut dyn FnMut(u32, &str) -> bool,
     ) -> Result<GenerationStats> {
         self.check_ids(prompt)?;
-        let room = self.opts.n_ctx.saturating_sub(if self.opts.context_shift { self.opts.n_keep } else { self.kv.n_past() });
+        let room = self.opts.n_ctx.saturating_sub(if self.opts.context_shift {
+            self.opts.n_keep
+        } else {
+            self.kv.n_past()
+        });
         if prompt.len() as u32 >= room {
             return Err(Error::new(
                 ErrorCode::ContextFull,
@@ -438,7 +530,10 @@ impl Session {
                 ),
             ));
         }
-        let mut stats = GenerationStats { prompt_tokens: prompt.len() as u32, ..Default::default() };
+        let mut stats = GenerationStats {
+            prompt_tokens: prompt.len() as u32,
+            ..Default::default()
+        };
         let shifts0 = self.shifts;
         let mut sampler = Sampler::new(opts.sampler.clone());
         if let Some(spec) = &opts.constraint {
@@ -460,8 +555,16 @@ impl Session {
             let id = match ahead.pop_front() {
                 Some(id) => id,
                 None => {
-                    let left = if opts.max_tokens > 0 { opts.max_tokens - stats.generated_tokens } else { CHAIN };
-                    let k = if self.opts.chain && sampler.chains_on_gpu() && input.len() == 1 { self.chain_len(left) } else { 0 };
+                    let left = if opts.max_tokens > 0 {
+                        opts.max_tokens - stats.generated_tokens
+                    } else {
+                        CHAIN
+                    };
+                    let k = if self.opts.chain && sampler.chains_on_gpu() && input.len() == 1 {
+                        self.chain_len(left)
+                    } else {
+                        0
+                    };
                     if k > 1 {
                         let ids = self.decode_chained(input[0], k, &mut sampler).await?;
                         ahead.extend(&ids[1..]);
@@ -512,7 +615,11 @@ impl Session {
         let t_first = t_first.unwrap_or(t_end);
         stats.prefill_tok_s = prompt.len() as f64 / (t_first - t0).max(1e-9);
         let decoded = stats.generated_tokens.saturating_sub(1) as f64;
-        stats.decode_tok_s = if decoded > 0.0 { decoded / (t_end - t_first).max(1e-9) } else { 0.0 };
+        stats.decode_tok_s = if decoded > 0.0 {
+            decoded / (t_end - t_first).max(1e-9)
+        } else {
+            0.0
+        };
         stats.finish_reason = finish.to_string();
         stats.context_shifts = self.shifts - shifts0;
         if sampler.masks > 0 {
@@ -530,13 +637,22 @@ struct StopScanner<'s> {
 
 impl<'s> StopScanner<'s> {
     fn new(stops: &'s [String]) -> Self {
-        StopScanner { stops, pending: String::new() }
+        StopScanner {
+            stops,
+            pending: String::new(),
+        }
     }
 
     /// Add text; returns what can be emitted and whether a stop string was hit.
     fn push(&mut self, text: &str) -> (String, bool) {
         self.pending.push_str(text);
-        if let Some(at) = self.stops.iter().filter(|s| !s.is_empty()).filter_map(|s| self.pending.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
             let out = self.pending[..at].to_string();
             self.pending.clear();
             return (out, true);
@@ -585,7 +701,9 @@ pub fn now_s() -> f64 {
     {
         use std::sync::OnceLock;
         static T0: OnceLock<std::time::Instant> = OnceLock::new();
-        T0.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
+        T0.get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_secs_f64()
     }
 }
 

@@ -362,12 +362,21 @@ fn error_messages_name_the_culprit() {
 #[test]
 fn custom_limits_apply() {
     let file = small_writer().to_bytes();
-    let limits = ParseLimits { max_string_len: 8, max_array_len: 2, ..ParseLimits::default() };
+    let limits = ParseLimits {
+        max_string_len: 8,
+        max_array_len: 2,
+        ..ParseLimits::default()
+    };
     let mut p = GgufParser::with_limits(limits);
     let e = p.push(&file, &mut |_| Ok(())).unwrap_err();
     // "general.architecture" is the first string longer than 8 bytes.
     assert_eq!(limit_err(e), ("key length", 20));
-    let limits = ParseLimits { max_array_len: 2, ..ParseLimits::default() };
-    let e = GgufParser::with_limits(limits).push(&file, &mut |_| Ok(())).unwrap_err();
+    let limits = ParseLimits {
+        max_array_len: 2,
+        ..ParseLimits::default()
+    };
+    let e = GgufParser::with_limits(limits)
+        .push(&file, &mut |_| Ok(()))
+        .unwrap_err();
     assert_eq!(limit_err(e), ("array length", 3));
 }

@@ -145,7 +145,10 @@ impl GgmlType {
     /// The types cera-web dequantizes on the CPU and multiplies on the GPU (docs/design.md, decision 6).
     pub fn gpu_supported(self) -> bool {
         use GgmlType::*;
-        matches!(self, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4K | Q5K | Q6K)
+        matches!(
+            self,
+            F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4K | Q5K | Q6K
+        )
     }
 
     /// ggml's own name for the type (`q4_K`, `f16`, ...), as users see it in tools.

@@ -78,12 +78,15 @@ impl GpuLimits {
 
     /// The largest storage binding usable for one buffer (binding and buffer limits both apply).
     pub fn max_binding(&self) -> u64 {
-        self.max_storage_buffer_binding_size.min(self.max_buffer_size)
+        self.max_storage_buffer_binding_size
+            .min(self.max_buffer_size)
     }
 
     /// The largest 1-D workgroup size both the x limit and the invocation limit allow, capped.
     pub fn workgroup_size(&self, want: u32) -> u32 {
-        want.min(self.max_compute_invocations_per_workgroup).min(self.max_compute_workgroup_size_x).max(1)
+        want.min(self.max_compute_invocations_per_workgroup)
+            .min(self.max_compute_workgroup_size_x)
+            .max(1)
     }
 }
 
@@ -121,7 +124,8 @@ impl GpuContext {
     /// Open the best adapter and a device with the requested limits.
     pub async fn new(req: &LimitRequest) -> Result<Self> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
-            backends: wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY | wgpu::Backends::BROWSER_WEBGPU),
+            backends: wgpu::Backends::from_env()
+                .unwrap_or(wgpu::Backends::PRIMARY | wgpu::Backends::BROWSER_WEBGPU),
             ..wgpu::InstanceDescriptor::new_without_display_handle()
         });
         let adapter = instance
@@ -145,7 +149,9 @@ impl GpuContext {
             name: info.name.clone(),
             backend: format!("{:?}", info.backend),
             device_type: format!("{:?}", info.device_type),
-            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            driver: format!("{} {}", info.driver, info.driver_info)
+                .trim()
+                .to_string(),
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
         };
@@ -155,7 +161,11 @@ impl GpuContext {
         // Timestamp queries (pass boundaries) wherever offered: `cera bench --profile` times each
         // dispatch with them.
         let wanted = wgpu::Features::TIMESTAMP_QUERY
-            | if cfg!(target_arch = "wasm32") { wgpu::Features::empty() } else { wgpu::Features::SUBGROUP };
+            | if cfg!(target_arch = "wasm32") {
+                wgpu::Features::empty()
+            } else {
+                wgpu::Features::SUBGROUP
+            };
         let features = adapter.features() & wanted;
         let offered = adapter.limits();
         let required = Self::required_limits(req, &offered, &summary.name)?;
@@ -169,7 +179,12 @@ impl GpuContext {
                 trace: wgpu::Trace::Off,
             })
             .await
-            .map_err(|e| Error::new(ErrorCode::AdapterTooSmall, format!("the GPU refused the device request: {e}")))?;
+            .map_err(|e| {
+                Error::new(
+                    ErrorCode::AdapterTooSmall,
+                    format!("the GPU refused the device request: {e}"),
+                )
+            })?;
         let errors = Arc::new(Mutex::new(Vec::new()));
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -206,7 +221,11 @@ impl GpuContext {
     }
 
     /// WebGPU defaults, raised to what `req` wants where the adapter offers it.
-    fn required_limits(req: &LimitRequest, offered: &wgpu::Limits, adapter: &str) -> Result<wgpu::Limits> {
+    fn required_limits(
+        req: &LimitRequest,
+        offered: &wgpu::Limits,
+        adapter: &str,
+    ) -> Result<wgpu::Limits> {
         let too_small = |what: &str, have: u64, need: u64| {
             Error::new(
                 ErrorCode::AdapterTooSmall,
@@ -214,10 +233,18 @@ impl GpuContext {
             )
         };
         if offered.max_storage_buffer_binding_size < req.min_storage_binding {
-            return Err(too_small("maxStorageBufferBindingSize", offered.max_storage_buffer_binding_size, req.min_storage_binding));
+            return Err(too_small(
+                "maxStorageBufferBindingSize",
+                offered.max_storage_buffer_binding_size,
+                req.min_storage_binding,
+            ));
         }
         if offered.max_buffer_size < req.min_buffer_size {
-            return Err(too_small("maxBufferSize", offered.max_buffer_size, req.min_buffer_size));
+            return Err(too_small(
+                "maxBufferSize",
+                offered.max_buffer_size,
+                req.min_buffer_size,
+            ));
         }
         if offered.max_storage_buffers_per_shader_stage < req.min_storage_buffers_per_stage {
             return Err(too_small(
@@ -232,16 +259,38 @@ impl GpuContext {
             l = wgpu::Limits::downlevel_defaults();
         }
         // ... and raise what the work wants, never above the adapter.
-        l.max_storage_buffer_binding_size = req.want_storage_binding.min(offered.max_storage_buffer_binding_size).max(req.min_storage_binding);
+        l.max_storage_buffer_binding_size = req
+            .want_storage_binding
+            .min(offered.max_storage_buffer_binding_size)
+            .max(req.min_storage_binding);
         l.max_buffer_size = req
             .want_buffer_size
             .min(offered.max_buffer_size)
             .max(req.min_buffer_size)
-            .max(l.max_storage_buffer_binding_size.min(offered.max_buffer_size));
-        l.max_storage_buffers_per_shader_stage = offered.max_storage_buffers_per_shader_stage.min(16).max(req.min_storage_buffers_per_stage);
-        l.max_compute_invocations_per_workgroup = offered.max_compute_invocations_per_workgroup.min(1024).max(l.max_compute_invocations_per_workgroup.min(offered.max_compute_invocations_per_workgroup));
-        l.max_compute_workgroup_size_x = offered.max_compute_workgroup_size_x.min(1024).max(l.max_compute_workgroup_size_x.min(offered.max_compute_workgroup_size_x));
-        l.max_compute_workgroup_storage_size = offered.max_compute_workgroup_storage_size.min(32 << 10).max(l.max_compute_workgroup_storage_size.min(offered.max_compute_workgroup_storage_size));
+            .max(
+                l.max_storage_buffer_binding_size
+                    .min(offered.max_buffer_size),
+            );
+        l.max_storage_buffers_per_shader_stage = offered
+            .max_storage_buffers_per_shader_stage
+            .min(16)
+            .max(req.min_storage_buffers_per_stage);
+        l.max_compute_invocations_per_workgroup =
+            offered.max_compute_invocations_per_workgroup.min(1024).max(
+                l.max_compute_invocations_per_workgroup
+                    .min(offered.max_compute_invocations_per_workgroup),
+            );
+        l.max_compute_workgroup_size_x = offered.max_compute_workgroup_size_x.min(1024).max(
+            l.max_compute_workgroup_size_x
+                .min(offered.max_compute_workgroup_size_x),
+        );
+        l.max_compute_workgroup_storage_size = offered
+            .max_compute_workgroup_storage_size
+            .min(32 << 10)
+            .max(
+                l.max_compute_workgroup_storage_size
+                    .min(offered.max_compute_workgroup_storage_size),
+            );
         l.max_compute_workgroups_per_dimension = offered.max_compute_workgroups_per_dimension;
         Ok(l)
     }
@@ -254,11 +303,23 @@ impl GpuContext {
     /// Fail with the first GPU error reported since the last check (device loss first).
     pub fn check_errors(&self) -> Result<()> {
         if let Some(msg) = self.lost.lock().ok().and_then(|l| l.clone()) {
-            return Err(Error::new(ErrorCode::DeviceLost, format!("the GPU device was lost ({msg}); reload the model")));
+            return Err(Error::new(
+                ErrorCode::DeviceLost,
+                format!("the GPU device was lost ({msg}); reload the model"),
+            ));
         }
-        let first = self.errors.lock().ok().and_then(|mut v| if v.is_empty() { None } else { Some(v.remove(0)) });
+        let first = self.errors.lock().ok().and_then(|mut v| {
+            if v.is_empty() {
+                None
+            } else {
+                Some(v.remove(0))
+            }
+        });
         match first {
-            Some(msg) => Err(Error::new(ErrorCode::DeviceLost, format!("a GPU operation failed: {msg}"))),
+            Some(msg) => Err(Error::new(
+                ErrorCode::DeviceLost,
+                format!("a GPU operation failed: {msg}"),
+            )),
             None => Ok(()),
         }
     }
@@ -266,11 +327,14 @@ impl GpuContext {
     /// A storage buffer holding `data` (usable as copy source and destination).
     pub fn storage_buffer(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
         use wgpu::util::DeviceExt;
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: data,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-        })
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: data,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+            })
     }
 
     /// A zeroed storage buffer of `size` bytes, checked against the granted limits.
@@ -278,13 +342,18 @@ impl GpuContext {
         if size > self.limits.max_buffer_size {
             return Err(Error::new(
                 ErrorCode::AdapterTooSmall,
-                format!("{label} needs {size} bytes, above this device's maxBufferSize {}", self.limits.max_buffer_size),
+                format!(
+                    "{label} needs {size} bytes, above this device's maxBufferSize {}",
+                    self.limits.max_buffer_size
+                ),
             ));
         }
         Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: size.max(4),
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         }))
     }
@@ -297,11 +366,12 @@ impl GpuContext {
     /// A uniform buffer of its own, for params kept across submissions (never a frame slot).
     pub fn uniform_buffer_owned<T: bytemuck::Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
         use wgpu::util::DeviceExt;
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytemuck::bytes_of(value),
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        })
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytemuck::bytes_of(value),
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            })
     }
 
     /// Submit command buffers (counted: `cera bench` reports submissions per token).
@@ -313,7 +383,9 @@ impl GpuContext {
     /// Count compute passes and dispatches recorded (for the per-token figures of `cera bench`).
     pub fn count_recorded(&self, passes: u64, dispatches: u64) {
         self.counters.passes.fetch_add(passes, Ordering::Relaxed);
-        self.counters.dispatches.fetch_add(dispatches, Ordering::Relaxed);
+        self.counters
+            .dispatches
+            .fetch_add(dispatches, Ordering::Relaxed);
     }
 
     /// Submissions, passes and dispatches so far.
@@ -328,7 +400,8 @@ impl GpuContext {
     /// A [`super::StepState`] buffer of zeros, for one-off dispatches of position-dependent
     /// kernels (whose params then carry the positions themselves).
     pub fn zero_step(&self) -> &wgpu::Buffer {
-        self.zero_step.get_or_init(|| self.storage_buffer("zero step", &[0u8; 16]))
+        self.zero_step
+            .get_or_init(|| self.storage_buffer("zero step", &[0u8; 16]))
     }
 }
 

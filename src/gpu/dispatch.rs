@@ -39,9 +39,15 @@ mod tests {
     /// Every index in `0..n` is produced exactly once, and the grid wastes less than one row.
     fn check_cover(n: u64, max: u32) {
         let g = grid_2d(n, max).unwrap();
-        assert!(g[0] <= max && g[1] <= max && g[2] == 1, "n={n} max={max} grid={g:?}");
+        assert!(
+            g[0] <= max && g[1] <= max && g[2] == 1,
+            "n={n} max={max} grid={g:?}"
+        );
         let total = g[0] as u64 * g[1] as u64;
-        assert!(total >= n && total - n < g[0] as u64, "n={n} grid={g:?} wastes a row");
+        assert!(
+            total >= n && total - n < g[0] as u64,
+            "n={n} grid={g:?} wastes a row"
+        );
         let mut seen = vec![0u64; (n as usize).div_ceil(64)];
         let mut count = 0u64;
         for y in 0..g[1] {
@@ -61,7 +67,9 @@ mod tests {
 
     #[test]
     fn covers_every_index_once_around_and_beyond_65535() {
-        for n in [1, 2, 255, 65534, 65535, 65536, 65537, 131069, 131070, 131071, 131072, 200_000] {
+        for n in [
+            1, 2, 255, 65534, 65535, 65536, 65537, 131069, 131070, 131071, 131072, 200_000,
+        ] {
             check_cover(n, 65535);
         }
         // Far beyond: 1000 rows and a ragged last row.

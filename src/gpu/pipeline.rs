@@ -29,7 +29,12 @@ pub struct Decisions {
 
 impl PipelineKey {
     pub fn new(shader: &'static str, entry: &'static str) -> Self {
-        PipelineKey { shader, entry, defines: Vec::new(), unbounded_loops: false }
+        PipelineKey {
+            shader,
+            entry,
+            defines: Vec::new(),
+            unbounded_loops: false,
+        }
     }
 
     /// Compile natively without naga's loop bounding: the counter and branch naga adds to every
@@ -80,7 +85,10 @@ impl PipelineKey {
     }
 
     pub fn define_pairs(&self) -> Vec<(&str, &str)> {
-        self.defines.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+        self.defines
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
     }
 }
 
@@ -99,17 +107,26 @@ pub struct PipelineCache {
 
 impl PipelineCache {
     pub fn get(&self, device: &wgpu::Device, key: &PipelineKey) -> Result<Arc<CachedPipeline>> {
-        let mut map = self.map.lock().map_err(|_| Error::internal("pipeline cache poisoned"))?;
+        let mut map = self
+            .map
+            .lock()
+            .map_err(|_| Error::internal("pipeline cache poisoned"))?;
         if let Some(p) = map.get(key) {
             return Ok(p.clone());
         }
         let src = shaders::expand(key.shader, &key.define_pairs())?;
         let label = key.label();
-        let desc = wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(src.source.into()) };
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(src.source.into()),
+        };
         // Bounds checks always stay; loop bounding goes where the key asks (see `unbounded_loops`).
         // SAFETY: a key asks only for a kernel whose loops are all bounded by its params or
         // constants, the one condition `force_loop_bounding: false` puts on us.
-        let checks = wgpu::ShaderRuntimeChecks { force_loop_bounding: !key.unbounded_loops, ..wgpu::ShaderRuntimeChecks::checked() };
+        let checks = wgpu::ShaderRuntimeChecks {
+            force_loop_bounding: !key.unbounded_loops,
+            ..wgpu::ShaderRuntimeChecks::checked()
+        };
         let module = unsafe { device.create_shader_module_trusted(desc, checks) };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
@@ -120,7 +137,12 @@ impl PipelineCache {
             cache: None,
         });
         let layout = pipeline.get_bind_group_layout(0);
-        let cached = Arc::new(CachedPipeline { key: key.clone(), pipeline, layout, decisions: key.decisions() });
+        let cached = Arc::new(CachedPipeline {
+            key: key.clone(),
+            pipeline,
+            layout,
+            decisions: key.decisions(),
+        });
         map.insert(key.clone(), cached.clone());
         Ok(cached)
     }
@@ -140,8 +162,14 @@ mod tests {
 
     #[test]
     fn key_is_order_independent_and_carries_workgroup_size() {
-        let a = PipelineKey::new("x.wgsl", "main").define("A", "").define("B", 2).workgroup_size(64);
-        let b = PipelineKey::new("x.wgsl", "main").workgroup_size(64).define("B", 2).define("A", "");
+        let a = PipelineKey::new("x.wgsl", "main")
+            .define("A", "")
+            .define("B", 2)
+            .workgroup_size(64);
+        let b = PipelineKey::new("x.wgsl", "main")
+            .workgroup_size(64)
+            .define("B", 2)
+            .define("A", "");
         assert_eq!(a, b);
         assert_eq!(a.decisions().workgroup_size, 64);
         assert_eq!(a.label(), "x.wgsl::main A B=2 WG_SIZE=64u");

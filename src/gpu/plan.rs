@@ -55,7 +55,11 @@ pub struct Recorder<'c> {
 
 impl<'c> Recorder<'c> {
     pub fn new(ctx: &'c GpuContext) -> Self {
-        Recorder { ctx, dispatches: Vec::new(), uniforms: Vec::new() }
+        Recorder {
+            ctx,
+            dispatches: Vec::new(),
+            uniforms: Vec::new(),
+        }
     }
 
     /// A uniform buffer holding `value`, kept as long as the prepared dispatches are.
@@ -77,12 +81,20 @@ impl<'c> Recorder<'c> {
             return;
         }
         let label = pipe.key.label();
-        let bind = self.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(&label),
-            layout: &pipe.layout,
-            entries,
+        let bind = self
+            .ctx
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&label),
+                layout: &pipe.layout,
+                entries,
+            });
+        self.dispatches.push(Dispatch {
+            pipe: pipe.clone(),
+            bind,
+            grid,
+            kind,
         });
-        self.dispatches.push(Dispatch { pipe: pipe.clone(), bind, grid, kind });
     }
 
     pub fn len(&self) -> usize {
@@ -95,7 +107,10 @@ impl<'c> Recorder<'c> {
 
     /// The prepared work, to be recorded many times.
     pub fn finish(self) -> Prepared {
-        Prepared { dispatches: self.dispatches, _uniforms: self.uniforms }
+        Prepared {
+            dispatches: self.dispatches,
+            _uniforms: self.uniforms,
+        }
     }
 
     /// Record everything prepared so far into one new compute pass of `enc` (one-off use).
@@ -127,7 +142,10 @@ impl Prepared {
         if self.dispatches.is_empty() {
             return;
         }
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: None,
+        });
         self.record(&mut pass);
         ctx.count_recorded(1, self.count() as u64);
     }
@@ -159,7 +177,12 @@ pub struct StepState {
 
 impl StepState {
     pub fn new(pos0: u32, n_tokens: u32) -> Self {
-        StepState { pos0, n_tokens, n_past: pos0 + n_tokens, pad: 0 }
+        StepState {
+            pos0,
+            n_tokens,
+            n_past: pos0 + n_tokens,
+            pad: 0,
+        }
     }
 }
 
@@ -184,7 +207,11 @@ impl Step {
     /// Queue the step's positions alone: the token ids are already in the buffer (a previous
     /// step's sampler wrote them on the GPU).
     pub fn write_positions(&self, ctx: &GpuContext, pos0: u32, n_tokens: u32) {
-        ctx.queue.write_buffer(&self.buffer, 0, bytemuck::bytes_of(&StepState::new(pos0, n_tokens)));
+        ctx.queue.write_buffer(
+            &self.buffer,
+            0,
+            bytemuck::bytes_of(&StepState::new(pos0, n_tokens)),
+        );
     }
 
     /// Queue the step's positions and token ids (lands before the next submission's work).
@@ -193,6 +220,7 @@ impl Step {
         let mut words: Vec<u32> = Vec::with_capacity(4 + tokens.len());
         words.extend_from_slice(bytemuck::cast_slice(bytemuck::bytes_of(&state)));
         words.extend_from_slice(tokens);
-        ctx.queue.write_buffer(&self.buffer, 0, bytemuck::cast_slice(&words));
+        ctx.queue
+            .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&words));
     }
 }

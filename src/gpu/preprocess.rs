@@ -36,13 +36,19 @@ pub fn preprocess(
     resolve: &dyn Fn(&str) -> Option<&'static str>,
 ) -> Result<Preprocessed> {
     let mut st = State {
-        defines: defines.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        defines: defines
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         out: String::new(),
         lines: Vec::new(),
         stack: Vec::new(),
     };
     st.file(name, resolve, 0)?;
-    Ok(Preprocessed { source: st.out, lines: st.lines })
+    Ok(Preprocessed {
+        source: st.out,
+        lines: st.lines,
+    })
 }
 
 struct State {
@@ -63,11 +69,20 @@ struct Cond {
 }
 
 impl State {
-    fn file(&mut self, name: &str, resolve: &dyn Fn(&str) -> Option<&'static str>, depth: usize) -> Result<()> {
+    fn file(
+        &mut self,
+        name: &str,
+        resolve: &dyn Fn(&str) -> Option<&'static str>,
+        depth: usize,
+    ) -> Result<()> {
         if depth > 16 || self.stack.iter().any(|s| s == name) {
-            return Err(Error::internal(format!("#include cycle through {name}: {:?}", self.stack)));
+            return Err(Error::internal(format!(
+                "#include cycle through {name}: {:?}",
+                self.stack
+            )));
         }
-        let text = resolve(name).ok_or_else(|| Error::internal(format!("shader file not found: {name}")))?;
+        let text = resolve(name)
+            .ok_or_else(|| Error::internal(format!("shader file not found: {name}")))?;
         self.stack.push(name.to_string());
         let mut conds: Vec<Cond> = Vec::new();
         for (i, raw) in text.lines().enumerate() {
@@ -107,7 +122,8 @@ impl State {
                         self.defines.insert(sym.to_string(), rest.join(" "));
                     }
                     "undef" if active => {
-                        self.defines.remove(arg.ok_or_else(|| at("#undef needs a name"))?);
+                        self.defines
+                            .remove(arg.ok_or_else(|| at("#undef needs a name"))?);
                     }
                     "include" if active => {
                         let inc = trimmed["include".len() + 1..].trim();
@@ -128,7 +144,10 @@ impl State {
             }
         }
         if let Some(c) = conds.last() {
-            return Err(Error::internal(format!("{name}:{}: #ifdef without #endif", c.line)));
+            return Err(Error::internal(format!(
+                "{name}:{}: #ifdef without #endif",
+                c.line
+            )));
         }
         self.stack.pop();
         Ok(())
@@ -167,7 +186,9 @@ impl State {
             } else if c.is_ascii_digit() {
                 // A number literal (with suffix like `1u` or `0x1F`): copy as is.
                 let start = i;
-                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'.' || bytes[i] == b'_') {
+                while i < bytes.len()
+                    && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'.' || bytes[i] == b'_')
+                {
                     i += 1;
                 }
                 out.push_str(&code[start..i]);
@@ -208,7 +229,15 @@ mod tests {
     #[test]
     fn include_define_ifdef_else() {
         let p = preprocess("main.wgsl", &[("FAST", ""), ("WG", "64u")], &files).unwrap();
-        assert_eq!(code_lines(&p), ["fn lib() {}", "fast();", "let n = 64u;", "// WG stays in comments"]);
+        assert_eq!(
+            code_lines(&p),
+            [
+                "fn lib() {}",
+                "fast();",
+                "let n = 64u;",
+                "// WG stays in comments"
+            ]
+        );
         let p = preprocess("main.wgsl", &[("WG", "64u")], &files).unwrap();
         assert!(p.source.contains("slow();") && !p.source.contains("fast();"));
     }
@@ -232,7 +261,8 @@ mod tests {
 
     #[test]
     fn nested_conditionals() {
-        let run = |d: &[(&str, &str)]| code_lines(&preprocess("nested", d, &files).unwrap()).join(",");
+        let run =
+            |d: &[(&str, &str)]| code_lines(&preprocess("nested", d, &files).unwrap()).join(",");
         assert_eq!(run(&[("A", ""), ("B", "")]), "ab");
         assert_eq!(run(&[("A", "")]), "a_not_b");
         assert_eq!(run(&[("B", "")]), "not_a_b");

@@ -27,7 +27,10 @@ pub fn available(ctx: &GpuContext) -> bool {
 /// in microseconds (in order). The caller queues whatever the dispatches read first.
 pub async fn time_dispatches(ctx: &GpuContext, prepared: &Prepared) -> Result<Vec<f64>> {
     if !available(ctx) {
-        return Err(Error::new(ErrorCode::InvalidArgument, "this adapter offers no timestamp queries: --profile is unavailable"));
+        return Err(Error::new(
+            ErrorCode::InvalidArgument,
+            "this adapter offers no timestamp queries: --profile is unavailable",
+        ));
     }
     let n = prepared.dispatches.len() as u32;
     if n == 0 {
@@ -39,7 +42,11 @@ pub async fn time_dispatches(ctx: &GpuContext, prepared: &Prepared) -> Result<Ve
     let period = ctx.queue.get_timestamp_period() as f64;
     for start in (0..n).step_by(MAX_PER_SET as usize) {
         let count = (n - start).min(MAX_PER_SET);
-        let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: 2 * count });
+        let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2 * count,
+        });
         let bytes = 2 * count as u64 * 8;
         let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("profile resolve"),
@@ -47,7 +54,11 @@ pub async fn time_dispatches(ctx: &GpuContext, prepared: &Prepared) -> Result<Ve
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("profile") });
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("profile"),
+            });
         for i in 0..count {
             let d = &prepared.dispatches[(start + i) as usize];
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -63,7 +74,10 @@ pub async fn time_dispatches(ctx: &GpuContext, prepared: &Prepared) -> Result<Ve
         enc.resolve_query_set(&set, 0..2 * count, &resolve, 0);
         ctx.submit([enc.finish()]);
         let raw = super::readback::read_buffer(ctx, &resolve, 0, bytes).await?;
-        let ticks: Vec<u64> = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+        let ticks: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
         for i in 0..count as usize {
             out.push(ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period / 1e3);
         }
@@ -80,7 +94,11 @@ pub fn by_kind(prepared: &Prepared, us: &[f64]) -> Vec<KindTime> {
                 k.dispatches += 1;
                 k.us += t;
             }
-            None => v.push(KindTime { kind: d.kind.to_string(), dispatches: 1, us: t }),
+            None => v.push(KindTime {
+                kind: d.kind.to_string(),
+                dispatches: 1,
+                us: t,
+            }),
         }
     }
     v

@@ -7,7 +7,12 @@ use crate::error::{Error, ErrorCode, Result};
 
 /// Read `size` bytes at `offset` of `src` (which needs `COPY_SRC`). Offset and size are rounded
 /// out to 4 bytes for the copy and trimmed after.
-pub async fn read_buffer(ctx: &GpuContext, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+pub async fn read_buffer(
+    ctx: &GpuContext,
+    src: &wgpu::Buffer,
+    offset: u64,
+    size: u64,
+) -> Result<Vec<u8>> {
     if size == 0 {
         return Ok(Vec::new());
     }
@@ -20,7 +25,11 @@ pub async fn read_buffer(ctx: &GpuContext, src: &wgpu::Buffer, offset: u64, size
         usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     });
-    let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+    let mut enc = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("readback"),
+        });
     enc.copy_buffer_to_buffer(src, start, &staging, 0, len);
     ctx.queue.submit([enc.finish()]);
 
@@ -31,15 +40,29 @@ pub async fn read_buffer(ctx: &GpuContext, src: &wgpu::Buffer, offset: u64, size
     #[cfg(not(target_arch = "wasm32"))]
     ctx.device
         .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| Error::new(ErrorCode::DeviceLost, format!("waiting for the GPU failed: {e}")))?;
-    let mapped = rx.await.map_err(|_| Error::new(ErrorCode::DeviceLost, "the GPU dropped a readback"))?;
-    mapped.map_err(|e| Error::new(ErrorCode::DeviceLost, format!("mapping a readback buffer failed: {e}")))?;
+        .map_err(|e| {
+            Error::new(
+                ErrorCode::DeviceLost,
+                format!("waiting for the GPU failed: {e}"),
+            )
+        })?;
+    let mapped = rx
+        .await
+        .map_err(|_| Error::new(ErrorCode::DeviceLost, "the GPU dropped a readback"))?;
+    mapped.map_err(|e| {
+        Error::new(
+            ErrorCode::DeviceLost,
+            format!("mapping a readback buffer failed: {e}"),
+        )
+    })?;
     ctx.check_errors()?;
     let bytes = {
-        let view = staging
-            .slice(..)
-            .get_mapped_range()
-            .map_err(|e| Error::new(ErrorCode::DeviceLost, format!("reading a mapped buffer failed: {e:?}")))?;
+        let view = staging.slice(..).get_mapped_range().map_err(|e| {
+            Error::new(
+                ErrorCode::DeviceLost,
+                format!("reading a mapped buffer failed: {e:?}"),
+            )
+        })?;
         let lo = (offset - start) as usize;
         view[lo..lo + size as usize].to_vec()
     };
@@ -49,7 +72,15 @@ pub async fn read_buffer(ctx: &GpuContext, src: &wgpu::Buffer, offset: u64, size
 }
 
 /// [`read_buffer`] as f32 values.
-pub async fn read_f32(ctx: &GpuContext, src: &wgpu::Buffer, offset: u64, count: usize) -> Result<Vec<f32>> {
+pub async fn read_f32(
+    ctx: &GpuContext,
+    src: &wgpu::Buffer,
+    offset: u64,
+    count: usize,
+) -> Result<Vec<f32>> {
     let bytes = read_buffer(ctx, src, offset, count as u64 * 4).await?;
-    Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }

@@ -5,10 +5,22 @@
 
 /// `(file name, source)` for each shader and template.
 pub const FILES: &[(&str, &str)] = &[
-    ("common_decls.tmpl", include_str!("../../shaders/common_decls.tmpl")),
-    ("quant_decls.tmpl", include_str!("../../shaders/quant_decls.tmpl")),
-    ("rope_decls.tmpl", include_str!("../../shaders/rope_decls.tmpl")),
-    ("act_decls.tmpl", include_str!("../../shaders/act_decls.tmpl")),
+    (
+        "common_decls.tmpl",
+        include_str!("../../shaders/common_decls.tmpl"),
+    ),
+    (
+        "quant_decls.tmpl",
+        include_str!("../../shaders/quant_decls.tmpl"),
+    ),
+    (
+        "rope_decls.tmpl",
+        include_str!("../../shaders/rope_decls.tmpl"),
+    ),
+    (
+        "act_decls.tmpl",
+        include_str!("../../shaders/act_decls.tmpl"),
+    ),
     ("argmax.wgsl", include_str!("../../shaders/argmax.wgsl")),
     ("kv_shift.wgsl", include_str!("../../shaders/kv_shift.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
@@ -21,12 +33,27 @@ pub const FILES: &[(&str, &str)] = &[
     ("rope.wgsl", include_str!("../../shaders/rope.wgsl")),
     ("qk_rope.wgsl", include_str!("../../shaders/qk_rope.wgsl")),
     ("glu.wgsl", include_str!("../../shaders/glu.wgsl")),
-    ("short_conv.wgsl", include_str!("../../shaders/short_conv.wgsl")),
+    (
+        "short_conv.wgsl",
+        include_str!("../../shaders/short_conv.wgsl"),
+    ),
     ("softcap.wgsl", include_str!("../../shaders/softcap.wgsl")),
-    ("elementwise.wgsl", include_str!("../../shaders/elementwise.wgsl")),
-    ("attention.wgsl", include_str!("../../shaders/attention.wgsl")),
-    ("attention_split.wgsl", include_str!("../../shaders/attention_split.wgsl")),
-    ("bench_copy.wgsl", include_str!("../../shaders/bench_copy.wgsl")),
+    (
+        "elementwise.wgsl",
+        include_str!("../../shaders/elementwise.wgsl"),
+    ),
+    (
+        "attention.wgsl",
+        include_str!("../../shaders/attention.wgsl"),
+    ),
+    (
+        "attention_split.wgsl",
+        include_str!("../../shaders/attention_split.wgsl"),
+    ),
+    (
+        "bench_copy.wgsl",
+        include_str!("../../shaders/bench_copy.wgsl"),
+    ),
 ];
 
 /// The source of a shader or template by file name.
@@ -35,6 +62,9 @@ pub fn source(name: &str) -> Option<&'static str> {
 }
 
 /// Preprocess a shader from the embedded set.
-pub fn expand(name: &str, defines: &[(&str, &str)]) -> crate::error::Result<super::preprocess::Preprocessed> {
+pub fn expand(
+    name: &str,
+    defines: &[(&str, &str)],
+) -> crate::error::Result<super::preprocess::Preprocessed> {
     super::preprocess::preprocess(name, defines, &source)
 }

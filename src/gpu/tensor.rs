@@ -27,7 +27,10 @@ pub struct GpuTensor {
 impl GpuTensor {
     /// The part holding row `row`, and the row's index within it.
     pub fn locate(&self, row: u64) -> Option<(&TensorPart, u64)> {
-        self.parts.iter().find(|p| row >= p.row_start && row < p.row_start + p.rows).map(|p| (p, row - p.row_start))
+        self.parts
+            .iter()
+            .find(|p| row >= p.row_start && row < p.row_start + p.rows)
+            .map(|p| (p, row - p.row_start))
     }
 
     pub fn gpu_bytes(&self) -> u64 {
@@ -43,7 +46,9 @@ pub fn plan_parts(rows: u64, row_bytes: u64, max_binding: u64) -> Result<Vec<(u6
     // Binding sizes must be multiples of 4; rows in the GPU layout are, so whole rows suffice.
     let per = max_binding / row_bytes;
     if per == 0 {
-        return Err(format!("one row of {row_bytes} bytes is larger than the {max_binding}-byte binding limit"));
+        return Err(format!(
+            "one row of {row_bytes} bytes is larger than the {max_binding}-byte binding limit"
+        ));
     }
     let mut out = Vec::new();
     let mut r = 0;
@@ -70,7 +75,10 @@ mod tests {
         assert!(p.iter().all(|&(_, n)| n * 680 <= 128 << 20));
         assert_eq!(p[1].0, p[0].1);
         assert_eq!(plan_parts(5, 100, 1000).unwrap(), vec![(0, 5)]);
-        assert_eq!(plan_parts(5, 100, 200).unwrap(), vec![(0, 2), (2, 2), (4, 1)]);
+        assert_eq!(
+            plan_parts(5, 100, 200).unwrap(),
+            vec![(0, 2), (2, 2), (4, 1)]
+        );
         assert!(plan_parts(1, 300, 200).is_err());
     }
 }

@@ -58,7 +58,12 @@ pub struct LoadedModel {
 impl LoadedModel {
     /// A GPU tensor by name (a fused tensor by its fused name; see [`LoadedModel::rows_of`]).
     pub fn tensor(&self, name: &str) -> Result<&GpuTensor> {
-        self.tensors.get(name).ok_or_else(|| Error::new(ErrorCode::BadGguf, format!("the model has no tensor {name}")))
+        self.tensors.get(name).ok_or_else(|| {
+            Error::new(
+                ErrorCode::BadGguf,
+                format!("the model has no tensor {name}"),
+            )
+        })
     }
 
     /// Whether the file had tensor `name` (on the GPU alone or fused into another).
@@ -221,7 +226,10 @@ impl<'a> StreamLoader<'a> {
         self.parser.finish().map_err(gguf_error)?;
         self.ctx.queue.submit([]);
         self.ctx.check_errors()?;
-        let header = self.header.take().ok_or_else(|| Error::new(ErrorCode::BadGguf, "no GGUF header in the input"))?;
+        let header = self
+            .header
+            .take()
+            .ok_or_else(|| Error::new(ErrorCode::BadGguf, "no GGUF header in the input"))?;
         Ok(LoadedModel {
             header,
             tensors: std::mem::take(&mut self.tensors),
@@ -239,16 +247,31 @@ impl<'a> StreamLoader<'a> {
                 continue;
             }
             // Refuse now what no buffer of this device can hold (the buffers come with the rows).
-            if let Some(&(_, rows)) = pt.parts.iter().find(|&&(_, rows)| rows * pt.row_bytes > max) {
+            if let Some(&(_, rows)) = pt
+                .parts
+                .iter()
+                .find(|&&(_, rows)| rows * pt.row_bytes > max)
+            {
                 return Err(Error::new(
                     ErrorCode::AdapterTooSmall,
-                    format!("{} needs {} bytes, above this device's maxBufferSize {max}", pt.name, rows * pt.row_bytes),
+                    format!(
+                        "{} needs {} bytes, above this device's maxBufferSize {max}",
+                        pt.name,
+                        rows * pt.row_bytes
+                    ),
                 ));
             }
             let parts = Vec::with_capacity(pt.parts.len());
             self.tensors.insert(
                 pt.name.clone(),
-                GpuTensor { name: pt.name.clone(), ty: pt.ty, cols: pt.cols, rows: pt.rows, row_bytes: pt.row_bytes, parts },
+                GpuTensor {
+                    name: pt.name.clone(),
+                    ty: pt.ty,
+                    cols: pt.cols,
+                    rows: pt.rows,
+                    row_bytes: pt.row_bytes,
+                    parts,
+                },
             );
         }
         self.plan = Some(plan);
@@ -257,15 +280,25 @@ impl<'a> StreamLoader<'a> {
     }
 
     fn info(&self, index: usize) -> Result<&TensorInfo> {
-        self.header.as_ref().and_then(|h| h.tensors().get(index)).ok_or_else(|| Error::internal("tensor data before header"))
+        self.header
+            .as_ref()
+            .and_then(|h| h.tensors().get(index))
+            .ok_or_else(|| Error::internal("tensor data before header"))
     }
 
     fn on_data(&mut self, index: usize, mut bytes: &[u8]) -> Result<()> {
         if self.current.as_ref().map(|c| c.index) != Some(index) {
-            self.current = Some(Current { index, pending: Vec::new(), next_row: 0 });
+            self.current = Some(Current {
+                index,
+                pending: Vec::new(),
+                next_row: 0,
+            });
         }
         let info = self.info(index)?.clone();
-        let src_row = info.ty.row_bytes(info.dims[0]).ok_or_else(|| Error::internal("row size"))? as usize;
+        let src_row = info
+            .ty
+            .row_bytes(info.dims[0])
+            .ok_or_else(|| Error::internal("row size"))? as usize;
         let batch_rows = (self.staging / src_row.max(1)).max(1);
         let batch = batch_rows * src_row;
         while !bytes.is_empty() {
@@ -283,12 +316,18 @@ impl<'a> StreamLoader<'a> {
 
     fn on_done(&mut self, index: usize) -> Result<()> {
         let info = self.info(index)?.clone();
-        let src_row = info.ty.row_bytes(info.dims[0]).ok_or_else(|| Error::internal("row size"))? as usize;
+        let src_row = info
+            .ty
+            .row_bytes(info.dims[0])
+            .ok_or_else(|| Error::internal("row size"))? as usize;
         if self.current.as_ref().map(|c| c.index) == Some(index) {
             self.flush(&info, src_row)?;
             let cur = self.current.take().expect("checked");
             if !cur.pending.is_empty() || cur.next_row != info.n_rows() {
-                return Err(Error::new(ErrorCode::BadGguf, format!("tensor {} ended mid-row", info.name)));
+                return Err(Error::new(
+                    ErrorCode::BadGguf,
+                    format!("tensor {} ended mid-row", info.name),
+                ));
             }
         }
         // A tensor of no rows received none: its (empty) part is made now.
@@ -312,21 +351,43 @@ impl<'a> StreamLoader<'a> {
     /// of one file tensor arrive in order, but a fused tensor's members may come in any order,
     /// so parts are kept sorted by their first row.
     fn ensure_part(&mut self, name: &str, row: u64) -> Result<()> {
-        let tensor = self.tensors.get_mut(name).ok_or_else(|| Error::internal("tensor not planned"))?;
-        if tensor.locate(row).is_some() || (row == 0 && tensor.rows == 0 && !tensor.parts.is_empty()) {
+        let tensor = self
+            .tensors
+            .get_mut(name)
+            .ok_or_else(|| Error::internal("tensor not planned"))?;
+        if tensor.locate(row).is_some()
+            || (row == 0 && tensor.rows == 0 && !tensor.parts.is_empty())
+        {
             return Ok(());
         }
-        let pt = self.plan.as_ref().and_then(|p| p.tensors.iter().find(|t| t.name == name)).ok_or_else(|| Error::internal("tensor not planned"))?;
+        let pt = self
+            .plan
+            .as_ref()
+            .and_then(|p| p.tensors.iter().find(|t| t.name == name))
+            .ok_or_else(|| Error::internal("tensor not planned"))?;
         let i = pt
             .parts
             .iter()
-            .position(|&(start, rows)| (row >= start && row < start + rows) || (rows == 0 && row == start))
+            .position(|&(start, rows)| {
+                (row >= start && row < start + rows) || (rows == 0 && row == start)
+            })
             .ok_or_else(|| Error::internal("row outside the tensor"))?;
         let (row_start, rows) = pt.parts[i];
-        let label = if pt.parts.len() > 1 { format!("{}[{i}]", pt.name) } else { pt.name.clone() };
+        let label = if pt.parts.len() > 1 {
+            format!("{}[{i}]", pt.name)
+        } else {
+            pt.name.clone()
+        };
         let buffer = self.ctx.empty_storage(&label, rows * pt.row_bytes)?;
         let at = tensor.parts.partition_point(|p| p.row_start < row_start);
-        tensor.parts.insert(at, TensorPart { buffer, row_start, rows });
+        tensor.parts.insert(
+            at,
+            TensorPart {
+                buffer,
+                row_start,
+                rows,
+            },
+        );
         Ok(())
     }
 
@@ -344,12 +405,24 @@ impl<'a> StreamLoader<'a> {
         while done < whole {
             self.ensure_part(&target, base + row)?;
             let cur = self.current.as_mut().expect("flush with a current tensor");
-            let tensor = self.tensors.get(&target).ok_or_else(|| Error::internal("tensor not planned"))?;
-            let (part, local) = tensor.locate(base + row).ok_or_else(|| Error::internal("row outside the tensor"))?;
+            let tensor = self
+                .tensors
+                .get(&target)
+                .ok_or_else(|| Error::internal("tensor not planned"))?;
+            let (part, local) = tensor
+                .locate(base + row)
+                .ok_or_else(|| Error::internal("row outside the tensor"))?;
             let n = ((part.rows - local) as usize).min(whole - done);
             self.repacked.clear();
-            repack_rows(info.ty, info.dims[0], &cur.pending[done * src_row..(done + n) * src_row], &mut self.repacked)?;
-            self.ctx.queue.write_buffer(&part.buffer, local * tensor.row_bytes, &self.repacked);
+            repack_rows(
+                info.ty,
+                info.dims[0],
+                &cur.pending[done * src_row..(done + n) * src_row],
+                &mut self.repacked,
+            )?;
+            self.ctx
+                .queue
+                .write_buffer(&part.buffer, local * tensor.row_bytes, &self.repacked);
             self.since_submit += self.repacked.len() as u64;
             done += n;
             row += n as u64;
@@ -383,7 +456,9 @@ impl Drop for StreamLoader<'_> {
 /// `BAD_GGUF`.
 pub fn gguf_error(e: GgufError) -> Error {
     match e {
-        GgufError::UnsupportedTensorType { .. } => Error::new(ErrorCode::UnsupportedQuant, e.to_string()),
+        GgufError::UnsupportedTensorType { .. } => {
+            Error::new(ErrorCode::UnsupportedQuant, e.to_string())
+        }
         other => Error::new(ErrorCode::BadGguf, format!("malformed GGUF: {other}")),
     }
 }
@@ -392,12 +467,15 @@ pub fn gguf_error(e: GgufError) -> Error {
 #[cfg(not(target_arch = "wasm32"))]
 pub fn load_file(ctx: &GpuContext, path: &std::path::Path) -> Result<LoadedModel> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| Error::invalid(format!("cannot open {}: {e}", path.display())))?;
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| Error::invalid(format!("cannot open {}: {e}", path.display())))?;
     let size = f.metadata().map(|m| m.len()).ok();
     let mut loader = StreamLoader::new(ctx, size);
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f.read(&mut buf).map_err(|e| Error::invalid(format!("reading {}: {e}", path.display())))?;
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| Error::invalid(format!("reading {}: {e}", path.display())))?;
         if n == 0 {
             break;
         }
@@ -411,13 +489,16 @@ pub fn load_file(ctx: &GpuContext, path: &std::path::Path) -> Result<LoadedModel
 #[cfg(not(target_arch = "wasm32"))]
 pub fn read_header_file(path: &std::path::Path) -> Result<(Arc<GgufHeader>, u64)> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| Error::invalid(format!("cannot open {}: {e}", path.display())))?;
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| Error::invalid(format!("cannot open {}: {e}", path.display())))?;
     let size = f.metadata().map(|m| m.len()).unwrap_or(0);
     let mut parser = GgufParser::new().with_total_size(size);
     let mut buf = vec![0u8; 1 << 20];
     let mut header = None;
     loop {
-        let n = f.read(&mut buf).map_err(|e| Error::invalid(format!("reading {}: {e}", path.display())))?;
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| Error::invalid(format!("reading {}: {e}", path.display())))?;
         if n == 0 {
             parser.finish().map_err(gguf_error)?;
             break;
@@ -434,6 +515,11 @@ pub fn read_header_file(path: &std::path::Path) -> Result<(Arc<GgufHeader>, u64)
         }
         r.map_err(gguf_error)?;
     }
-    let h = header.ok_or_else(|| Error::new(ErrorCode::BadGguf, format!("{}: no GGUF header", path.display())))?;
+    let h = header.ok_or_else(|| {
+        Error::new(
+            ErrorCode::BadGguf,
+            format!("{}: no GGUF header", path.display()),
+        )
+    })?;
     Ok((h, size))
 }

@@ -50,7 +50,10 @@ pub struct MemoryPlan {
 /// Projections that read the same input, in the row order a fused tensor stores them: a layer's
 /// query, key and value, and its gate and up. Runs of consecutive members with the same type and
 /// width are stored as one tensor, so one GEMV computes them all (fewer dispatches per token).
-pub const FUSE_GROUPS: [&[&str]; 2] = [&["attn_q.weight", "attn_k.weight", "attn_v.weight"], &["ffn_gate.weight", "ffn_up.weight"]];
+pub const FUSE_GROUPS: [&[&str]; 2] = [
+    &["attn_q.weight", "attn_k.weight", "attn_v.weight"],
+    &["ffn_gate.weight", "ffn_up.weight"],
+];
 
 /// The name of the tensor fusing `members` (full names, in row order).
 pub fn fused_name(members: &[String]) -> String {
@@ -66,10 +69,15 @@ pub fn plan(header: &GgufHeader, max_binding: u64) -> Result<MemoryPlan> {
 /// [`plan`], with fusion on or off.
 pub fn plan_with(header: &GgufHeader, max_binding: u64, fuse: bool) -> Result<MemoryPlan> {
     crate::gguf::check_gpu_supported(header).map_err(super::gguf_error)?;
-    let mut p = MemoryPlan { max_binding, ..Default::default() };
+    let mut p = MemoryPlan {
+        max_binding,
+        ..Default::default()
+    };
     for t in header.tensors() {
         let cols = t.dims.first().copied().unwrap_or(1);
-        *p.file_bytes_per_type.entry(t.ty.name().to_string()).or_default() += t.size;
+        *p.file_bytes_per_type
+            .entry(t.ty.name().to_string())
+            .or_default() += t.size;
         p.tensors.push(PlannedTensor {
             name: t.name.clone(),
             ty: t.ty,
@@ -85,7 +93,15 @@ pub fn plan_with(header: &GgufHeader, max_binding: u64, fuse: bool) -> Result<Me
     if fuse {
         let fused = fusion_runs(&p.tensors);
         for members in fused {
-            let idx: Vec<usize> = members.iter().map(|m| p.tensors.iter().position(|t| &t.name == m).expect("a planned name")).collect();
+            let idx: Vec<usize> = members
+                .iter()
+                .map(|m| {
+                    p.tensors
+                        .iter()
+                        .position(|t| &t.name == m)
+                        .expect("a planned name")
+                })
+                .collect();
             let first = &p.tensors[idx[0]];
             let name = fused_name(&members);
             let mut t = PlannedTensor {
@@ -109,7 +125,10 @@ pub fn plan_with(header: &GgufHeader, max_binding: u64, fuse: bool) -> Result<Me
     }
     for t in p.tensors.iter_mut().filter(|t| t.fused_into.is_none()) {
         t.parts = plan_parts(t.rows, t.row_bytes, max_binding).map_err(|e| {
-            Error::new(ErrorCode::AdapterTooSmall, format!("tensor {}: {e}; this adapter cannot hold the model", t.name))
+            Error::new(
+                ErrorCode::AdapterTooSmall,
+                format!("tensor {}: {e}; this adapter cannot hold the model", t.name),
+            )
         })?;
         if t.parts.len() > 1 {
             p.split_tensors += 1;
@@ -117,7 +136,9 @@ pub fn plan_with(header: &GgufHeader, max_binding: u64, fuse: bool) -> Result<Me
         p.buffers += t.parts.len();
         let gpu = t.rows * t.row_bytes;
         p.total_gpu_bytes += gpu;
-        *p.gpu_bytes_per_type.entry(t.ty.name().to_string()).or_default() += gpu;
+        *p.gpu_bytes_per_type
+            .entry(t.ty.name().to_string())
+            .or_default() += gpu;
     }
     Ok(p)
 }
@@ -130,14 +151,20 @@ fn fusion_runs(tensors: &[PlannedTensor]) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     for t in tensors {
         for group in FUSE_GROUPS {
-            let Some(prefix) = t.name.strip_suffix(group[0]) else { continue };
+            let Some(prefix) = t.name.strip_suffix(group[0]) else {
+                continue;
+            };
             if !prefix.starts_with("blk.") {
                 continue;
             }
             let mut run: Vec<&PlannedTensor> = Vec::new();
             for m in group.iter().map(|m| find(&format!("{prefix}{m}"))) {
                 match (m, run.last()) {
-                    (Some(m), Some(last)) if m.ty == last.ty && m.cols == last.cols && m.row_bytes > 0 => run.push(m),
+                    (Some(m), Some(last))
+                        if m.ty == last.ty && m.cols == last.cols && m.row_bytes > 0 =>
+                    {
+                        run.push(m)
+                    }
                     (m, _) => {
                         if run.len() > 1 {
                             out.push(run.iter().map(|t| t.name.clone()).collect());

@@ -20,9 +20,9 @@ use super::kernels;
 use super::names::{self, LayerTensor as T};
 use crate::error::{Error, ErrorCode, Result};
 use crate::gpu::{GpuContext, GpuTensor, Prepared, Recorder, Step};
-use crate::ops::embed;
 use crate::kv::{KvCache, KvCacheConfig};
 use crate::loader::LoadedModel;
+use crate::ops::embed;
 use crate::ops::rope::RopeTable;
 use crate::rope::RopeConfig;
 
@@ -116,7 +116,10 @@ impl Model {
             if has(&n) {
                 Ok(n)
             } else {
-                Err(Error::new(ErrorCode::BadGguf, format!("the {} model lacks tensor {n}", hp.arch.name())))
+                Err(Error::new(
+                    ErrorCode::BadGguf,
+                    format!("the {} model lacks tensor {n}", hp.arch.name()),
+                ))
             }
         };
         let opt = |n: String| if has(&n) { Some(n) } else { None };
@@ -127,22 +130,46 @@ impl Model {
                 continue;
             }
             let gemma = hp.post_norms;
-            let qkv = [need(T::AttnQ.name(l))?, need(T::AttnK.name(l))?, need(T::AttnV.name(l))?];
+            let qkv = [
+                need(T::AttnQ.name(l))?,
+                need(T::AttnK.name(l))?,
+                need(T::AttnV.name(l))?,
+            ];
             let gate_up = [need(T::FfnGate.name(l))?, need(T::FfnUp.name(l))?];
             layers.push(Layer {
                 attn_norm: need(T::AttnNorm.name(l))?,
-                qkv: projections(&weights, &qkv, &[hp.q_dim() as u64, hp.kv_dim() as u64, hp.kv_dim() as u64])?,
+                qkv: projections(
+                    &weights,
+                    &qkv,
+                    &[hp.q_dim() as u64, hp.kv_dim() as u64, hp.kv_dim() as u64],
+                )?,
                 q_bias: opt(T::AttnQBias.name(l)),
                 k_bias: opt(T::AttnKBias.name(l)),
                 v_bias: opt(T::AttnVBias.name(l)),
-                q_norm: if hp.qk_norm { Some(need(T::AttnQNorm.name(l))?) } else { None },
-                k_norm: if hp.qk_norm { Some(need(T::AttnKNorm.name(l))?) } else { None },
+                q_norm: if hp.qk_norm {
+                    Some(need(T::AttnQNorm.name(l))?)
+                } else {
+                    None
+                },
+                k_norm: if hp.qk_norm {
+                    Some(need(T::AttnKNorm.name(l))?)
+                } else {
+                    None
+                },
                 o: need(T::AttnOutput.name(l))?,
-                post_attn_norm: if gemma { Some(need(T::PostAttentionNorm.name(l))?) } else { None },
+                post_attn_norm: if gemma {
+                    Some(need(T::PostAttentionNorm.name(l))?)
+                } else {
+                    None
+                },
                 ffn_norm: need(T::FfnNorm.name(l))?,
                 gate_up: projections(&weights, &gate_up, &[hp.n_ff as u64, hp.n_ff as u64])?,
                 down: need(T::FfnDown.name(l))?,
-                post_ffw_norm: if gemma { Some(need(T::PostFfwNorm.name(l))?) } else { None },
+                post_ffw_norm: if gemma {
+                    Some(need(T::PostFfwNorm.name(l))?)
+                } else {
+                    None
+                },
                 qk_norm: None,
                 conv: None,
             });
@@ -155,25 +182,61 @@ impl Model {
                 let buf = ctx.empty_storage("qk norm", 2 * norm_bytes)?;
                 for (i, name) in [qn, kn].into_iter().enumerate() {
                     let t = &weights.tensors[name];
-                    if t.ty != crate::gguf::GgmlType::F32 || t.rows * t.cols != hp.head_dim as u64 || t.parts.len() != 1 {
-                        return Err(Error::new(ErrorCode::BadGguf, format!("{name} is not an f32 vector of head_dim {}", hp.head_dim)));
+                    if t.ty != crate::gguf::GgmlType::F32
+                        || t.rows * t.cols != hp.head_dim as u64
+                        || t.parts.len() != 1
+                    {
+                        return Err(Error::new(
+                            ErrorCode::BadGguf,
+                            format!("{name} is not an f32 vector of head_dim {}", hp.head_dim),
+                        ));
                     }
-                    enc.copy_buffer_to_buffer(&t.parts[0].buffer, 0, &buf, i as u64 * norm_bytes, norm_bytes);
+                    enc.copy_buffer_to_buffer(
+                        &t.parts[0].buffer,
+                        0,
+                        &buf,
+                        i as u64 * norm_bytes,
+                        norm_bytes,
+                    );
                 }
                 layer.qk_norm = Some(buf);
             }
         }
         ctx.submit([enc.finish()]);
         need(names::TOKEN_EMBD.to_string())?;
-        let output_norm = need(if hp.arch == Arch::Lfm2 { names::OUTPUT_NORM_LFM2 } else { names::OUTPUT_NORM }.to_string())?;
-        let output = if has(names::OUTPUT) { names::OUTPUT.to_string() } else { names::TOKEN_EMBD.to_string() };
+        let output_norm = need(
+            if hp.arch == Arch::Lfm2 {
+                names::OUTPUT_NORM_LFM2
+            } else {
+                names::OUTPUT_NORM
+            }
+            .to_string(),
+        )?;
+        let output = if has(names::OUTPUT) {
+            names::OUTPUT.to_string()
+        } else {
+            names::TOKEN_EMBD.to_string()
+        };
         // Frequency factors: also kept on the CPU, because the context shift's cos/sin table
         // needs them.
         let ff = match weights.tensors.get(names::ROPE_FREQS) {
             Some(t) => {
-                let v = crate::gpu::readback::read_f32(ctx, &t.parts[0].buffer, 0, (t.rows * t.cols) as usize).await?;
+                let v = crate::gpu::readback::read_f32(
+                    ctx,
+                    &t.parts[0].buffer,
+                    0,
+                    (t.rows * t.cols) as usize,
+                )
+                .await?;
                 if v.len() != hp.n_rot as usize / 2 {
-                    return Err(Error::new(ErrorCode::BadGguf, format!("rope_freqs has {} factors, {} expected", v.len(), hp.n_rot / 2)));
+                    return Err(Error::new(
+                        ErrorCode::BadGguf,
+                        format!(
+                            "rope_freqs has {} factors, {} expected",
+                            v.len(),
+                            hp.n_rot / 2
+                        ),
+                    ));
                 }
                 Some(v)
             }
@@ -184,7 +247,11 @@ impl Model {
         let layer_ropes: Vec<RopeConfig> = (0..hp.n_layer)
             .map(|l| {
                 let swa = hp.is_swa(l);
-                let mut r = RopeConfig::new(hp.head_dim as usize, if swa { hp.rope_base_swa } else { hp.rope_base }, hp.rope_type);
+                let mut r = RopeConfig::new(
+                    hp.head_dim as usize,
+                    if swa { hp.rope_base_swa } else { hp.rope_base },
+                    hp.rope_type,
+                );
                 r.n_rot = hp.n_rot as usize;
                 // SmolLM3's no-rope layers: no dimension rotates (K cells then shift unrotated).
                 if !hp.uses_rope(l) {
@@ -212,7 +279,16 @@ impl Model {
             };
             layer_table.push(i);
         }
-        Ok(Model { hp, weights, layers, output, output_norm, layer_ropes, layer_table, rope_tables })
+        Ok(Model {
+            hp,
+            weights,
+            layers,
+            output,
+            output_norm,
+            layer_ropes,
+            layer_table,
+            rope_tables,
+        })
     }
 
     /// The output head (`token_embd` when tied).
@@ -237,13 +313,22 @@ impl Model {
                 shift_workgroup_size: None,
                 max_scratch_cells: None,
             },
-            if self.hp.conv_l_cache > 0 { &self.hp.conv_layers } else { &[] },
+            if self.hp.conv_l_cache > 0 {
+                &self.hp.conv_layers
+            } else {
+                &[]
+            },
             self.hp.n_embd,
         )
     }
 
     /// Activation buffers for up to `max_batch` tokens and `max_logit_rows` rows of logits.
-    pub fn workspace(&self, ctx: &GpuContext, max_batch: u32, max_logit_rows: u32) -> Result<Workspace> {
+    pub fn workspace(
+        &self,
+        ctx: &GpuContext,
+        max_batch: u32,
+        max_logit_rows: u32,
+    ) -> Result<Workspace> {
         let hp = &self.hp;
         let f = |label: &str, elems: u64| ctx.empty_storage(label, elems * 4);
         let b = max_batch as u64;
@@ -265,7 +350,11 @@ impl Model {
             att: f("attn", b * hp.q_dim() as u64)?,
             o: f("o", b * hp.n_embd as u64)?,
             gate_up: f("gate_up", b * 2 * hp.n_ff as u64)?,
-            bcx: if hp.conv_l_cache > 0 { Some(f("bcx", b * 3 * hp.n_embd as u64)?) } else { None },
+            bcx: if hp.conv_l_cache > 0 {
+                Some(f("bcx", b * 3 * hp.n_embd as u64)?)
+            } else {
+                None
+            },
             logits: f("logits", max_logit_rows as u64 * hp.n_vocab as u64)?,
         })
     }
@@ -287,7 +376,14 @@ impl Model {
         pos0: u32,
         rows: LogitRows,
     ) -> Result<()> {
-        let plan = self.plan(ctx, ws, kv, tokens.len() as u32, rows, pos0 + tokens.len() as u32)?;
+        let plan = self.plan(
+            ctx,
+            ws,
+            kv,
+            tokens.len() as u32,
+            rows,
+            pos0 + tokens.len() as u32,
+        )?;
         self.run(ctx, enc, ws, kv, &plan, tokens, pos0)
     }
 
@@ -304,7 +400,10 @@ impl Model {
         tokens: &[u32],
         pos0: u32,
     ) -> Result<()> {
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("forward"),
+            timestamp_writes: None,
+        });
         self.record(ctx, &mut pass, ws, kv, plan, tokens, pos0)?;
         ctx.count_recorded(1, 0);
         Ok(())
@@ -324,16 +423,33 @@ impl Model {
     ) -> Result<()> {
         let n = tokens.len() as u32;
         if n != plan.n_tokens {
-            return Err(Error::internal(format!("a plan for {} tokens run with {n}", plan.n_tokens)));
+            return Err(Error::internal(format!(
+                "a plan for {} tokens run with {n}",
+                plan.n_tokens
+            )));
         }
         if pos0 + n > kv.n_ctx() {
-            return Err(Error::new(ErrorCode::ContextFull, format!("positions {pos0}..{} exceed the context of {}", pos0 + n, kv.n_ctx())));
+            return Err(Error::new(
+                ErrorCode::ContextFull,
+                format!(
+                    "positions {pos0}..{} exceed the context of {}",
+                    pos0 + n,
+                    kv.n_ctx()
+                ),
+            ));
         }
         if pos0 + n > plan.max_cells {
-            return Err(Error::internal(format!("positions up to {} past the plan's {} cells", pos0 + n, plan.max_cells)));
+            return Err(Error::internal(format!(
+                "positions up to {} past the plan's {} cells",
+                pos0 + n,
+                plan.max_cells
+            )));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t >= self.hp.n_vocab) {
-            return Err(Error::invalid(format!("token id {bad} is outside the vocabulary of {}", self.hp.n_vocab)));
+            return Err(Error::invalid(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.hp.n_vocab
+            )));
         }
         ws.step.write(ctx, pos0, tokens);
         self.record_plan(ctx, pass, plan);
@@ -342,7 +458,12 @@ impl Model {
 
     /// Record a prepared forward pass whose step buffer is already set (positions written,
     /// token ids written by the CPU or by the previous step on the GPU).
-    pub fn record_plan(&self, ctx: &GpuContext, pass: &mut wgpu::ComputePass<'_>, plan: &ForwardPlan) {
+    pub fn record_plan(
+        &self,
+        ctx: &GpuContext,
+        pass: &mut wgpu::ComputePass<'_>,
+        plan: &ForwardPlan,
+    ) {
         plan.prepared.record(pass);
         ctx.count_recorded(0, plan.dispatches() as u64);
     }
@@ -350,13 +471,27 @@ impl Model {
     /// Prepare the forward pass of a batch of `n` tokens once: every dispatch with its bind group,
     /// for the workspace and cache given (which do not move). Positions come from the workspace's
     /// step buffer at run time; `max_cells` bounds `pos0 + n` over the plan's life.
-    pub fn plan(&self, ctx: &GpuContext, ws: &Workspace, kv: &KvCache, n: u32, rows: LogitRows, max_cells: u32) -> Result<ForwardPlan> {
+    pub fn plan(
+        &self,
+        ctx: &GpuContext,
+        ws: &Workspace,
+        kv: &KvCache,
+        n: u32,
+        rows: LogitRows,
+        max_cells: u32,
+    ) -> Result<ForwardPlan> {
         let hp = &self.hp;
         if n == 0 || n > ws.max_batch {
-            return Err(Error::invalid(format!("a batch of {n} tokens (workspace holds {})", ws.max_batch)));
+            return Err(Error::invalid(format!(
+                "a batch of {n} tokens (workspace holds {})",
+                ws.max_batch
+            )));
         }
         if rows == LogitRows::All && n > ws.max_logit_rows {
-            return Err(Error::invalid(format!("{n} rows of logits (workspace holds {})", ws.max_logit_rows)));
+            return Err(Error::invalid(format!(
+                "{n} rows of logits (workspace holds {})",
+                ws.max_logit_rows
+            )));
         }
         let max_cells = max_cells.clamp(n, kv.n_ctx());
         let step = &ws.step.buffer;
@@ -368,11 +503,28 @@ impl Model {
         let (e, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
 
         // x = embed(tokens) * embedding_scale                                   (n, n_embd)
-        embed::prepare(&mut rec, self.w(names::TOKEN_EMBD), step, Step::IDS_OFFSET, n, hp.embedding_scale, &ws.x, 0)?;
+        embed::prepare(
+            &mut rec,
+            self.w(names::TOKEN_EMBD),
+            step,
+            Step::IDS_OFFSET,
+            n,
+            hp.embedding_scale,
+            &ws.x,
+            0,
+        )?;
 
         // h = norm(x) for the first layer; every later pre-norm is fused with the residual add
         // before it.
-        kernels::rmsnorm(&mut rec, &ws.x, Some(self.w(&self.layers[0].attn_norm)), &ws.h, n, e, hp.rms_eps)?;
+        kernels::rmsnorm(
+            &mut rec,
+            &ws.x,
+            Some(self.w(&self.layers[0].attn_norm)),
+            &ws.h,
+            n,
+            e,
+            hp.rms_eps,
+        )?;
         for (l, layer) in self.layers.iter().enumerate() {
             if layer.conv.is_some() {
                 // LFM2: a short-convolution block in place of attention, then the same FFN.
@@ -385,9 +537,21 @@ impl Model {
             for p in &layer.qkv {
                 kernels::matmul_cols(&mut rec, self.w(&p.tensor), &ws.h, &ws.qkv, p.col, qkv_w, n)?;
             }
-            for (bias, col, dim) in [(&layer.q_bias, 0, qd), (&layer.k_bias, qd, kvd), (&layer.v_bias, qd + kvd, kvd)] {
+            for (bias, col, dim) in [
+                (&layer.q_bias, 0, qd),
+                (&layer.k_bias, qd, kvd),
+                (&layer.v_bias, qd + kvd, kvd),
+            ] {
                 if let Some(b) = bias {
-                    kernels::add_bias_cols(&mut rec, &ws.qkv, col as u64, qkv_w, self.w(b), n, dim)?;
+                    kernels::add_bias_cols(
+                        &mut rec,
+                        &ws.qkv,
+                        col as u64,
+                        qkv_w,
+                        self.w(b),
+                        n,
+                        dim,
+                    )?;
                 }
             }
             // [QK-norm (Qwen3, Gemma 3)], rope q in place, rope k and write k, v into the cache at
@@ -395,17 +559,59 @@ impl Model {
             let qk_norm = layer.qk_norm.as_ref().map(|w| (w, hp.rms_eps));
             kernels::qk_rope(&mut rec, rope_table, hp, ws, kv, l, n, qk_norm, step)?;
             // Attention over the cache (causal, sliding window on SWA layers).     (n, q_dim)
-            let window = if hp.is_swa(l as u32) { hp.sliding_window } else { 0 };
-            kernels::attention(&mut rec, hp, &ws.q, kv.k(l), kv.v(l), &ws.att, n, window, step, max_cells, attn_scratch.as_ref())?;
+            let window = if hp.is_swa(l as u32) {
+                hp.sliding_window
+            } else {
+                0
+            };
+            kernels::attention(
+                &mut rec,
+                hp,
+                &ws.q,
+                kv.k(l),
+                kv.v(l),
+                &ws.att,
+                n,
+                window,
+                step,
+                max_cells,
+                attn_scratch.as_ref(),
+            )?;
             kernels::matmul(&mut rec, self.w(&layer.o), &ws.att, &ws.o, n)?;
             // x += post_norm(o) * residual_scale;  h = norm(x)                   one dispatch
             let post = layer.post_attn_norm.as_ref().map(|w| self.w(w));
-            kernels::residual_norm(&mut rec, &ws.x, &ws.o, post, hp.residual_scale, self.w(&layer.ffn_norm), &ws.h, n, e, hp.rms_eps)?;
+            kernels::residual_norm(
+                &mut rec,
+                &ws.x,
+                &ws.o,
+                post,
+                hp.residual_scale,
+                self.w(&layer.ffn_norm),
+                &ws.h,
+                n,
+                e,
+                hp.rms_eps,
+            )?;
             // Feed-forward: f = act(h W_gate) * (h W_up) W_down                      (n, n_embd)
             for p in &layer.gate_up {
-                kernels::matmul_cols(&mut rec, self.w(&p.tensor), &ws.h, &ws.gate_up, p.col, 2 * hp.n_ff as u64, n)?;
+                kernels::matmul_cols(
+                    &mut rec,
+                    self.w(&p.tensor),
+                    &ws.h,
+                    &ws.gate_up,
+                    p.col,
+                    2 * hp.n_ff as u64,
+                    n,
+                )?;
             }
-            kernels::glu_down(&mut rec, self.w(&layer.down), &ws.gate_up, &ws.o, n, hp.activation)?;
+            kernels::glu_down(
+                &mut rec,
+                self.w(&layer.down),
+                &ws.gate_up,
+                &ws.o,
+                n,
+                hp.activation,
+            )?;
             // x += post_norm(f) * residual_scale;  h = norm(x) with the next layer's pre-norm
             // (the final norm after the last layer)                               one dispatch
             let post = layer.post_ffw_norm.as_ref().map(|w| self.w(w));
@@ -413,13 +619,32 @@ impl Model {
                 Some(next) => self.w(&next.attn_norm),
                 None => self.w(&self.output_norm),
             };
-            kernels::residual_norm(&mut rec, &ws.x, &ws.o, post, hp.residual_scale, next_norm, &ws.h, n, e, hp.rms_eps)?;
+            kernels::residual_norm(
+                &mut rec,
+                &ws.x,
+                &ws.o,
+                post,
+                hp.residual_scale,
+                next_norm,
+                &ws.h,
+                n,
+                e,
+                hp.rms_eps,
+            )?;
         }
 
         // The output head on the rows that need logits (h is the final norm of x).
         let out = self.w(&self.output);
         match rows {
-            LogitRows::Last => kernels::matmul_at(&mut rec, out, &ws.h, (n as u64 - 1) * e as u64, &ws.logits, 0, 1)?,
+            LogitRows::Last => kernels::matmul_at(
+                &mut rec,
+                out,
+                &ws.h,
+                (n as u64 - 1) * e as u64,
+                &ws.logits,
+                0,
+                1,
+            )?,
             LogitRows::All => kernels::matmul_at(&mut rec, out, &ws.h, 0, &ws.logits, 0, n)?,
         }
         if hp.logit_scale != 1.0 {
@@ -429,9 +654,21 @@ impl Model {
         // Gemma 2: logits = cap * tanh(logits / cap).
         if hp.final_softcap > 0.0 {
             let lr = if rows == LogitRows::Last { 1 } else { n };
-            crate::ops::softcap::prepare(&mut rec, &ws.logits, 0, lr * hp.n_vocab, hp.final_softcap)?;
+            crate::ops::softcap::prepare(
+                &mut rec,
+                &ws.logits,
+                0,
+                lr * hp.n_vocab,
+                hp.final_softcap,
+            )?;
         }
-        Ok(ForwardPlan { n_tokens: n, rows, max_cells, prepared: rec.finish(), _attn_scratch: attn_scratch })
+        Ok(ForwardPlan {
+            n_tokens: n,
+            rows,
+            max_cells,
+            prepared: rec.finish(),
+            _attn_scratch: attn_scratch,
+        })
     }
 }
 
@@ -450,15 +687,27 @@ fn projections(weights: &LoadedModel, members: &[String], widths: &[u64]) -> Res
             .iter()
             .find(|p| &p.name == m)
             .map(|p| p.rows)
-            .ok_or_else(|| Error::new(ErrorCode::BadGguf, format!("{m} is not in the memory plan")))?;
+            .ok_or_else(|| {
+                Error::new(ErrorCode::BadGguf, format!("{m} is not in the memory plan"))
+            })?;
         if rows != width {
-            return Err(Error::new(ErrorCode::BadGguf, format!("{m} has {rows} rows, {width} expected")));
+            return Err(Error::new(
+                ErrorCode::BadGguf,
+                format!("{m} has {rows} rows, {width} expected"),
+            ));
         }
         // A member fused behind the previous one is computed by the same GEMV.
         match out.last() {
             Some(last) if first_row > 0 && last.tensor == t.name => {}
-            _ if first_row > 0 => return Err(Error::internal(format!("{m} is fused behind a tensor this layer does not use"))),
-            _ => out.push(Proj { tensor: t.name.clone(), col }),
+            _ if first_row > 0 => {
+                return Err(Error::internal(format!(
+                    "{m} is fused behind a tensor this layer does not use"
+                )))
+            }
+            _ => out.push(Proj {
+                tensor: t.name.clone(),
+                col,
+            }),
         }
         col += width;
     }

@@ -111,30 +111,50 @@ pub struct HParams {
 
 impl HParams {
     pub fn from_gguf(h: &GgufHeader) -> Result<Self> {
-        let arch_name = h.architecture().ok_or_else(|| Error::new(ErrorCode::BadGguf, "the GGUF has no general.architecture"))?;
+        let arch_name = h.architecture().ok_or_else(|| {
+            Error::new(ErrorCode::BadGguf, "the GGUF has no general.architecture")
+        })?;
         let arch = Arch::from_name(arch_name)?;
         let a = arch.name();
         let key = |k: &str| format!("{a}.{k}");
         let need = |k: &str| {
-            h.get_u32(&key(k)).ok_or_else(|| Error::new(ErrorCode::BadGguf, format!("the GGUF lacks {} (needed for {a})", key(k))))
+            h.get_u32(&key(k)).ok_or_else(|| {
+                Error::new(
+                    ErrorCode::BadGguf,
+                    format!("the GGUF lacks {} (needed for {a})", key(k)),
+                )
+            })
         };
         let n_embd = need("embedding_length")?;
         let n_head = need("attention.head_count")?;
         let n_layer = need("block_count")?;
         let n_ff = need("feed_forward_length")?;
         // LFM2 writes head_count_kv per layer (0 on its convolution layers).
-        let per_layer_kv = u32_array(h, &key("attention.head_count_kv")).filter(|v| v.len() == n_layer as usize);
+        let per_layer_kv =
+            u32_array(h, &key("attention.head_count_kv")).filter(|v| v.len() == n_layer as usize);
         let n_head_kv = match &per_layer_kv {
             Some(v) => v.iter().copied().max().unwrap_or(0),
             None => h.get_u32(&key("attention.head_count_kv")).unwrap_or(n_head),
         };
         if let Some(v) = &per_layer_kv {
             if v.iter().any(|&k| k != 0 && k != n_head_kv) {
-                return Err(Error::new(ErrorCode::BadGguf, format!("attention layers with different KV head counts ({v:?}) are not supported")));
+                return Err(Error::new(
+                    ErrorCode::BadGguf,
+                    format!(
+                        "attention layers with different KV head counts ({v:?}) are not supported"
+                    ),
+                ));
             }
         }
-        let head_dim = h.get_u32(&key("attention.key_length")).unwrap_or(n_embd / n_head.max(1));
-        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || head_dim == 0 || head_dim % 2 != 0 {
+        let head_dim = h
+            .get_u32(&key("attention.key_length"))
+            .unwrap_or(n_embd / n_head.max(1));
+        if n_head == 0
+            || n_head_kv == 0
+            || n_head % n_head_kv != 0
+            || head_dim == 0
+            || head_dim % 2 != 0
+        {
             return Err(Error::new(
                 ErrorCode::BadGguf,
                 format!("inconsistent attention shape: {n_head} heads, {n_head_kv} KV heads, head_dim {head_dim}"),
@@ -142,10 +162,18 @@ impl HParams {
         }
         let n_vocab = h
             .get_u32(&key("vocab_size"))
-            .or_else(|| h.get_str_array("tokenizer.ggml.tokens").map(|t| t.len() as u32))
-            .or_else(|| h.tensor("token_embd.weight").and_then(|t| t.dims.get(1).map(|&d| d as u32)))
+            .or_else(|| {
+                h.get_str_array("tokenizer.ggml.tokens")
+                    .map(|t| t.len() as u32)
+            })
+            .or_else(|| {
+                h.tensor("token_embd.weight")
+                    .and_then(|t| t.dims.get(1).map(|&d| d as u32))
+            })
             .ok_or_else(|| Error::new(ErrorCode::BadGguf, "cannot tell the vocabulary size"))?;
-        let rms_eps = h.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5);
+        let rms_eps = h
+            .get_f32(&key("attention.layer_norm_rms_epsilon"))
+            .unwrap_or(1e-5);
         let rope_type = match arch {
             Arch::Llama | Arch::Granite | Arch::Smollm3 => RopeType::Norm,
             Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Lfm2 => RopeType::Neox,
@@ -199,7 +227,9 @@ impl HParams {
             Arch::Granite => {
                 hp.embedding_scale = h.get_f32(&key("embedding_scale")).unwrap_or(1.0);
                 hp.residual_scale = h.get_f32(&key("residual_scale")).unwrap_or(1.0);
-                hp.attention_scale = h.get_f32(&key("attention.scale")).unwrap_or(hp.attention_scale);
+                hp.attention_scale = h
+                    .get_f32(&key("attention.scale"))
+                    .unwrap_or(hp.attention_scale);
                 hp.logit_scale = h.get_f32(&key("logit_scale")).unwrap_or(1.0);
             }
             Arch::Gemma3 => {
@@ -209,7 +239,9 @@ impl HParams {
                 hp.post_norms = true;
                 hp.sliding_window = h.get_u32(&key("attention.sliding_window")).unwrap_or(0);
                 // llama.cpp: 5 sliding-window layers then 1 global; local rope base 10000.
-                hp.swa_pattern = h.get_u32(&key("attention.sliding_window_pattern")).unwrap_or(6);
+                hp.swa_pattern = h
+                    .get_u32(&key("attention.sliding_window_pattern"))
+                    .unwrap_or(6);
                 hp.rope_base_swa = h.get_f32(&key("rope.freq_base_swa")).unwrap_or(10000.0);
                 // llama.cpp scales Q by 1/sqrt(head_dim) for every size but 27B, whose
                 // query_pre_attn_scalar is n_embd / n_head.
@@ -224,7 +256,9 @@ impl HParams {
                 // llama.cpp: window 4096 and every other layer sliding (pattern 2) unless the
                 // file says otherwise; the local rope base is the global one.
                 hp.sliding_window = h.get_u32(&key("attention.sliding_window")).unwrap_or(4096);
-                hp.swa_pattern = h.get_u32(&key("attention.sliding_window_pattern")).unwrap_or(2);
+                hp.swa_pattern = h
+                    .get_u32(&key("attention.sliding_window_pattern"))
+                    .unwrap_or(2);
                 hp.rope_base_swa = h.get_f32(&key("rope.freq_base_swa")).unwrap_or(rope_base);
                 hp.attn_softcap = h.get_f32(&key("attn_logit_softcapping")).unwrap_or(50.0);
                 hp.final_softcap = h.get_f32(&key("final_logit_softcapping")).unwrap_or(30.0);
@@ -235,9 +269,17 @@ impl HParams {
             }
             Arch::Lfm2 => {
                 hp.qk_norm = true;
-                hp.rms_eps = h.get_f32(&key("attention.layer_norm_rms_epsilon")).ok_or_else(|| {
-                    Error::new(ErrorCode::BadGguf, format!("the GGUF lacks {} (needed for lfm2)", key("attention.layer_norm_rms_epsilon")))
-                })?;
+                hp.rms_eps = h
+                    .get_f32(&key("attention.layer_norm_rms_epsilon"))
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorCode::BadGguf,
+                            format!(
+                                "the GGUF lacks {} (needed for lfm2)",
+                                key("attention.layer_norm_rms_epsilon")
+                            ),
+                        )
+                    })?;
                 hp.conv_l_cache = need("shortconv.l_cache")?;
                 hp.conv_layers = match &per_layer_kv {
                     Some(v) => v.iter().map(|&k| k == 0).collect(),
@@ -263,7 +305,9 @@ impl HParams {
         if self.arch == Arch::Lfm2 {
             return self.sliding_window > 0 && !self.is_conv(l);
         }
-        self.sliding_window > 0 && self.swa_pattern > 1 && l % self.swa_pattern < self.swa_pattern - 1
+        self.sliding_window > 0
+            && self.swa_pattern > 1
+            && l % self.swa_pattern < self.swa_pattern - 1
     }
 
     /// Whether layer `l` applies rope to q and k (SmolLM3 leaves it out on every fourth layer).
@@ -292,11 +336,26 @@ fn u32_array(h: &GgufHeader, key: &str) -> Option<Vec<u32>> {
         A::U8(v) => v.iter().map(|&x| x as u32).collect(),
         A::U16(v) => v.iter().map(|&x| x as u32).collect(),
         A::U32(v) => v.clone(),
-        A::U64(v) => v.iter().map(|&x| u32::try_from(x).ok()).collect::<Option<_>>()?,
-        A::I8(v) => v.iter().map(|&x| u32::try_from(x).ok()).collect::<Option<_>>()?,
-        A::I16(v) => v.iter().map(|&x| u32::try_from(x).ok()).collect::<Option<_>>()?,
-        A::I32(v) => v.iter().map(|&x| u32::try_from(x).ok()).collect::<Option<_>>()?,
-        A::I64(v) => v.iter().map(|&x| u32::try_from(x).ok()).collect::<Option<_>>()?,
+        A::U64(v) => v
+            .iter()
+            .map(|&x| u32::try_from(x).ok())
+            .collect::<Option<_>>()?,
+        A::I8(v) => v
+            .iter()
+            .map(|&x| u32::try_from(x).ok())
+            .collect::<Option<_>>()?,
+        A::I16(v) => v
+            .iter()
+            .map(|&x| u32::try_from(x).ok())
+            .collect::<Option<_>>()?,
+        A::I32(v) => v
+            .iter()
+            .map(|&x| u32::try_from(x).ok())
+            .collect::<Option<_>>()?,
+        A::I64(v) => v
+            .iter()
+            .map(|&x| u32::try_from(x).ok())
+            .collect::<Option<_>>()?,
         _ => return None,
     };
     Some(v)
@@ -313,7 +372,9 @@ mod tests {
             assert_eq!(e.code, ErrorCode::UnsupportedArch);
             assert!(e.message.contains(&format!("\"{name}\"")), "{e}");
         }
-        for name in ["llama", "qwen2", "qwen3", "granite", "smollm3", "gemma2", "gemma3", "lfm2"] {
+        for name in [
+            "llama", "qwen2", "qwen3", "granite", "smollm3", "gemma2", "gemma3", "lfm2",
+        ] {
             assert_eq!(Arch::from_name(name).unwrap().name(), name);
         }
     }

@@ -4,16 +4,24 @@
 
 use crate::error::Result;
 use crate::gpu::{GpuContext, GpuTensor, Recorder};
+use crate::kv::KvCache;
 use crate::model::HParams;
+use crate::model::Workspace;
 use crate::ops::elementwise::{self, View};
 use crate::ops::rope::RopeTable;
-use crate::kv::KvCache;
-use crate::model::Workspace;
 use crate::ops::{attention, attention_split, glu, matmul, qk_rope, rmsnorm};
 
 /// `out (rows, len) = rmsnorm(x) * w` (in place when `out` is `x`).
 #[allow(clippy::too_many_arguments)]
-pub fn rmsnorm(rec: &mut Recorder, x: &wgpu::Buffer, w: Option<&GpuTensor>, out: &wgpu::Buffer, rows: u32, len: u32, eps: f32) -> Result<()> {
+pub fn rmsnorm(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    w: Option<&GpuTensor>,
+    out: &wgpu::Buffer,
+    rows: u32,
+    len: u32,
+    eps: f32,
+) -> Result<()> {
     rmsnorm::prepare(rec, x, 0, None, w, out, 0, rows, len, eps)
 }
 
@@ -32,32 +40,77 @@ pub fn residual_norm(
     len: u32,
     eps: f32,
 ) -> Result<()> {
-    let residual = rmsnorm::Residual { buffer: add, offset: 0, scale, norm: post };
+    let residual = rmsnorm::Residual {
+        buffer: add,
+        offset: 0,
+        scale,
+        norm: post,
+    };
     rmsnorm::prepare_residual(rec, x, 0, Some(residual), Some(w), out, 0, rows, len, eps)
 }
 
 /// `y (n, w.rows) = x (n, w.cols) W^T`.
-pub fn matmul(rec: &mut Recorder, w: &GpuTensor, x: &wgpu::Buffer, y: &wgpu::Buffer, n: u32) -> Result<()> {
+pub fn matmul(
+    rec: &mut Recorder,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n: u32,
+) -> Result<()> {
     matmul::prepare_auto(rec, w, x, 0, y, 0, n)
 }
 
 /// [`matmul`] from element `x_off` of `x` into element `y_off` of `y`.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_at(rec: &mut Recorder, w: &GpuTensor, x: &wgpu::Buffer, x_off: u64, y: &wgpu::Buffer, y_off: u64, n: u32) -> Result<()> {
+pub fn matmul_at(
+    rec: &mut Recorder,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    x_off: u64,
+    y: &wgpu::Buffer,
+    y_off: u64,
+    n: u32,
+) -> Result<()> {
     matmul::prepare_auto(rec, w, x, x_off, y, y_off, n)
 }
 
 /// Columns `col .. col + w.rows` of `y (n, stride)` = `x (n, w.cols) W^T`: one projection's part
 /// of a wider output.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_cols(rec: &mut Recorder, w: &GpuTensor, x: &wgpu::Buffer, y: &wgpu::Buffer, col: u64, stride: u64, n: u32) -> Result<()> {
+pub fn matmul_cols(
+    rec: &mut Recorder,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    col: u64,
+    stride: u64,
+    n: u32,
+) -> Result<()> {
     matmul::prepare_auto_strided(rec, w, x, 0, None, y, col, Some(stride), n)
 }
 
 /// Columns `col .. col + dim` of `x (n, stride)` += bias.
 #[allow(clippy::too_many_arguments)]
-pub fn add_bias_cols(rec: &mut Recorder, x: &wgpu::Buffer, col: u64, stride: u64, bias: &GpuTensor, n: u32, dim: u32) -> Result<()> {
-    elementwise::prepare_bias_add(rec, View { buffer: x, offset: col, stride }, bias, n, dim)
+pub fn add_bias_cols(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    col: u64,
+    stride: u64,
+    bias: &GpuTensor,
+    n: u32,
+    dim: u32,
+) -> Result<()> {
+    elementwise::prepare_bias_add(
+        rec,
+        View {
+            buffer: x,
+            offset: col,
+            stride,
+        },
+        bias,
+        n,
+        dim,
+    )
 }
 
 /// [QK-norm], rope q (into `ws.q`) and k (into the cache of layer `l`), v into the cache, at the
@@ -109,17 +162,47 @@ pub fn attention(
     match scratch {
         Some(s) => {
             let cfg = attention_split::SplitConfig::for_device(rec.ctx);
-            attention_split::prepare(rec, cfg, &p, q, k_cache, v_cache, out, s, step, max_cells as u64)
+            attention_split::prepare(
+                rec,
+                cfg,
+                &p,
+                q,
+                k_cache,
+                v_cache,
+                out,
+                s,
+                step,
+                max_cells as u64,
+            )
         }
         None => {
             let cfg = attention::AttentionConfig::for_device(rec.ctx);
-            attention::prepare(rec, cfg, &p, q, k_cache, v_cache, out, step, max_cells as u64)
+            attention::prepare(
+                rec,
+                cfg,
+                &p,
+                q,
+                k_cache,
+                v_cache,
+                out,
+                step,
+                max_cells as u64,
+            )
         }
     }
 }
 
 fn attention_params(hp: &HParams, n: u32, window: u32) -> attention::AttentionParams {
-    attention::AttentionParams::new(n, hp.n_head, hp.n_head_kv, hp.head_dim, 0, window, hp.attention_scale, hp.attn_softcap)
+    attention::AttentionParams::new(
+        n,
+        hp.n_head,
+        hp.n_head_kv,
+        hp.head_dim,
+        0,
+        window,
+        hp.attention_scale,
+        hp.attn_softcap,
+    )
 }
 
 /// The scratch of the split attention kernel for a plan of `n` tokens over at most `max_cells`
@@ -133,7 +216,12 @@ fn attention_params(hp: &HParams, n: u32, window: u32) -> attention::AttentionPa
 ///
 /// One scratch serves every layer of a plan: the layers' attention dispatches run one after the
 /// other in the pass, and the window does not change its size.
-pub fn attention_scratch(ctx: &GpuContext, hp: &HParams, n: u32, max_cells: u32) -> Result<Option<wgpu::Buffer>> {
+pub fn attention_scratch(
+    ctx: &GpuContext,
+    hp: &HParams,
+    n: u32,
+    max_cells: u32,
+) -> Result<Option<wgpu::Buffer>> {
     if n != 1 || matmul::is_cpu_adapter(ctx) {
         return Ok(None);
     }
@@ -146,15 +234,34 @@ pub fn attention_scratch(ctx: &GpuContext, hp: &HParams, n: u32, max_cells: u32)
 /// up side by side in `gate_up (n, 2 n_ff)`: in one dispatch (the GLU computed as the down
 /// projection reads its input) where the down projection runs the matmul kernel; a GLU dispatch
 /// (into the gate half), then the tiled GEMM, for prefill batches.
-pub fn glu_down(rec: &mut Recorder, down: &GpuTensor, gate_up: &wgpu::Buffer, y: &wgpu::Buffer, n: u32, act: glu::Activation) -> Result<()> {
+pub fn glu_down(
+    rec: &mut Recorder,
+    down: &GpuTensor,
+    gate_up: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n: u32,
+    act: glu::Activation,
+) -> Result<()> {
     let n_ff = down.cols;
     if crate::ops::gemm::use_gemm(rec.ctx, n) {
-        let g = View { buffer: gate_up, offset: 0, stride: 2 * n_ff };
-        let u = View { buffer: gate_up, offset: n_ff, stride: 2 * n_ff };
+        let g = View {
+            buffer: gate_up,
+            offset: 0,
+            stride: 2 * n_ff,
+        };
+        let u = View {
+            buffer: gate_up,
+            offset: n_ff,
+            stride: 2 * n_ff,
+        };
         glu::prepare(rec, act, g, u, g, n, n_ff as u32)?;
         return matmul::prepare_auto_strided(rec, down, gate_up, 0, Some(2 * n_ff), y, 0, None, n);
     }
-    let cfg = if n == 1 { matmul::MatmulConfig::gemv_for(rec.ctx, down.ty, down.rows, down.cols) } else { matmul::MatmulConfig::gemm(rec.ctx) };
+    let cfg = if n == 1 {
+        matmul::MatmulConfig::gemv_for(rec.ctx, down.ty, down.rows, down.cols)
+    } else {
+        matmul::MatmulConfig::gemm(rec.ctx)
+    };
     matmul::prepare_glu_fused(rec, cfg, act, down, gate_up, 0, n_ff, 2 * n_ff, y, 0, n)
 }
 

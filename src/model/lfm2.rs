@@ -27,20 +27,31 @@ pub(super) struct ConvLayer {
 
 /// The layer `l` of an LFM2 file that is a short convolution. It has no attention tensors: the
 /// attention names stay empty and are never looked up (the plan takes the conv branch first).
-pub(super) async fn conv_layer(ctx: &GpuContext, weights: &LoadedModel, hp: &HParams, l: u32) -> Result<Layer> {
+pub(super) async fn conv_layer(
+    ctx: &GpuContext,
+    weights: &LoadedModel,
+    hp: &HParams,
+    l: u32,
+) -> Result<Layer> {
     let need = |t: T| -> Result<String> {
         let n = t.name(l);
         if weights.has(&n) {
             Ok(n)
         } else {
-            Err(Error::new(ErrorCode::BadGguf, format!("the lfm2 model lacks tensor {n}")))
+            Err(Error::new(
+                ErrorCode::BadGguf,
+                format!("the lfm2 model lacks tensor {n}"),
+            ))
         }
     };
     let kname = need(T::ShortConv)?;
     let k = &weights.tensors[&kname];
     let (e, taps) = (hp.n_embd as u64, hp.conv_l_cache as u64);
     if k.cols != taps || k.rows != e {
-        return Err(Error::new(ErrorCode::BadGguf, format!("{kname} is {} x {}, expected {taps} x {e}", k.cols, k.rows)));
+        return Err(Error::new(
+            ErrorCode::BadGguf,
+            format!("{kname} is {} x {}, expected {taps} x {e}", k.cols, k.rows),
+        ));
     }
     let kernel = match (k.ty, k.parts.len()) {
         // Rows of 4-byte values are stored back to back: bind a copy of the buffer as it is.
@@ -55,13 +66,29 @@ pub(super) async fn conv_layer(ctx: &GpuContext, weights: &LoadedModel, hp: &HPa
         _ => {
             let mut out = Vec::with_capacity((e * taps) as usize);
             for part in &k.parts {
-                let raw = crate::gpu::readback::read_buffer(ctx, &part.buffer, 0, part.rows * k.row_bytes).await?;
-                let gguf_row = k.ty.row_bytes(taps).ok_or_else(|| Error::new(ErrorCode::BadGguf, format!("{kname}: bad row")))? as usize;
+                let raw = crate::gpu::readback::read_buffer(
+                    ctx,
+                    &part.buffer,
+                    0,
+                    part.rows * k.row_bytes,
+                )
+                .await?;
+                let gguf_row =
+                    k.ty.row_bytes(taps).ok_or_else(|| {
+                        Error::new(ErrorCode::BadGguf, format!("{kname}: bad row"))
+                    })? as usize;
                 if !matches!(k.ty, GgmlType::F16 | GgmlType::BF16 | GgmlType::F32) {
-                    return Err(Error::new(ErrorCode::UnsupportedQuant, format!("{kname} is {}: the conv kernel must be f32, f16 or bf16", k.ty)));
+                    return Err(Error::new(
+                        ErrorCode::UnsupportedQuant,
+                        format!(
+                            "{kname} is {}: the conv kernel must be f32, f16 or bf16",
+                            k.ty
+                        ),
+                    ));
                 }
                 for r in raw.chunks_exact(k.row_bytes as usize) {
-                    let v = crate::quant::dequantize_to_vec(k.ty, &r[..gguf_row]).map_err(|e| Error::new(ErrorCode::BadGguf, format!("{kname}: {e}")))?;
+                    let v = crate::quant::dequantize_to_vec(k.ty, &r[..gguf_row])
+                        .map_err(|e| Error::new(ErrorCode::BadGguf, format!("{kname}: {e}")))?;
                     out.extend(v);
                 }
             }
@@ -79,41 +106,103 @@ pub(super) async fn conv_layer(ctx: &GpuContext, weights: &LoadedModel, hp: &HPa
         o: String::new(),
         post_attn_norm: None,
         ffn_norm: need(T::FfnNorm)?,
-        gate_up: projections(weights, &[need(T::FfnGate)?, need(T::FfnUp)?], &[hp.n_ff as u64, hp.n_ff as u64])?,
+        gate_up: projections(
+            weights,
+            &[need(T::FfnGate)?, need(T::FfnUp)?],
+            &[hp.n_ff as u64, hp.n_ff as u64],
+        )?,
         down: need(T::FfnDown)?,
         post_ffw_norm: None,
         qk_norm: None,
-        conv: Some(ConvLayer { kernel, in_proj: need(T::ShortConvInProj)?, out_proj: need(T::ShortConvOutProj)? }),
+        conv: Some(ConvLayer {
+            kernel,
+            in_proj: need(T::ShortConvInProj)?,
+            out_proj: need(T::ShortConvOutProj)?,
+        }),
     })
 }
 
 impl Model {
     /// Prepare short-convolution layer `l` of a batch of `n` (`ws.h` holds its pre-norm), its
     /// feed-forward block, and the next layer's pre-norm (or the final norm) into `ws.h`.
-    pub(super) fn plan_conv_layer(&self, rec: &mut Recorder, ws: &Workspace, kv: &KvCache, l: usize, n: u32) -> Result<()> {
+    pub(super) fn plan_conv_layer(
+        &self,
+        rec: &mut Recorder,
+        ws: &Workspace,
+        kv: &KvCache,
+        l: usize,
+        n: u32,
+    ) -> Result<()> {
         let hp = &self.hp;
         let layer = &self.layers[l];
         let conv = layer.conv.as_ref().expect("a conv layer");
         let e = hp.n_embd;
-        let bcx = ws.bcx.as_ref().ok_or_else(|| Error::internal("a workspace without the conv buffer"))?;
-        let rows = kv.conv_rows(l).ok_or_else(|| Error::internal(format!("layer {l} has no conv rows in the cache")))?;
+        let bcx = ws
+            .bcx
+            .as_ref()
+            .ok_or_else(|| Error::internal("a workspace without the conv buffer"))?;
+        let rows = kv
+            .conv_rows(l)
+            .ok_or_else(|| Error::internal(format!("layer {l} has no conv rows in the cache")))?;
         // B | C | x = h W_in                                                         (n, 3 n_embd)
         kernels::matmul(rec, self.w(&conv.in_proj), &ws.h, bcx, n)?;
         // y = C * conv(B * x), writing B * x of these positions into the cache      (n, n_embd)
-        let b = ShortConvBuffers { bcx, weight: &conv.kernel, rows, out: &ws.att };
+        let b = ShortConvBuffers {
+            bcx,
+            weight: &conv.kernel,
+            rows,
+            out: &ws.att,
+        };
         short_conv::prepare(rec, &b, n, e, hp.conv_l_cache, 0, &ws.step.buffer)?;
         kernels::matmul(rec, self.w(&conv.out_proj), &ws.att, &ws.o, n)?;
         // x += y;  h = norm(x)                                                     one dispatch
-        kernels::residual_norm(rec, &ws.x, &ws.o, None, hp.residual_scale, self.w(&layer.ffn_norm), &ws.h, n, e, hp.rms_eps)?;
+        kernels::residual_norm(
+            rec,
+            &ws.x,
+            &ws.o,
+            None,
+            hp.residual_scale,
+            self.w(&layer.ffn_norm),
+            &ws.h,
+            n,
+            e,
+            hp.rms_eps,
+        )?;
         // f = silu(h W_gate) * (h W_up) W_down;  x += f;  h = norm(x) with the next pre-norm
         for p in &layer.gate_up {
-            kernels::matmul_cols(rec, self.w(&p.tensor), &ws.h, &ws.gate_up, p.col, 2 * hp.n_ff as u64, n)?;
+            kernels::matmul_cols(
+                rec,
+                self.w(&p.tensor),
+                &ws.h,
+                &ws.gate_up,
+                p.col,
+                2 * hp.n_ff as u64,
+                n,
+            )?;
         }
-        kernels::glu_down(rec, self.w(&layer.down), &ws.gate_up, &ws.o, n, hp.activation)?;
+        kernels::glu_down(
+            rec,
+            self.w(&layer.down),
+            &ws.gate_up,
+            &ws.o,
+            n,
+            hp.activation,
+        )?;
         let next_norm = match self.layers.get(l + 1) {
             Some(next) => self.w(&next.attn_norm),
             None => self.w(&self.output_norm),
         };
-        kernels::residual_norm(rec, &ws.x, &ws.o, None, hp.residual_scale, next_norm, &ws.h, n, e, hp.rms_eps)
+        kernels::residual_norm(
+            rec,
+            &ws.x,
+            &ws.o,
+            None,
+            hp.residual_scale,
+            next_norm,
+            &ws.h,
+            n,
+            e,
+            hp.rms_eps,
+        )
     }
 }

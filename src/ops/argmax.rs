@@ -44,7 +44,9 @@ impl WgslParams for ArgmaxParams {
 
 /// The pipeline key: the first stage reads f32 logits, later ones `(bits, index)` pairs.
 pub fn key(workgroup_size: u32, from_logits: bool) -> PipelineKey {
-    let k = PipelineKey::new(SHADER, ENTRY).workgroup_size(workgroup_size).define("ITEMS", format!("{ITEMS}u"));
+    let k = PipelineKey::new(SHADER, ENTRY)
+        .workgroup_size(workgroup_size)
+        .define("ITEMS", format!("{ITEMS}u"));
     if from_logits {
         k.define("FROM_LOGITS", "")
     } else {
@@ -57,7 +59,11 @@ pub fn variants() -> Vec<Variant> {
     for wg in [64u32, 128, 256] {
         for from_logits in [true, false] {
             let k = key(wg, from_logits);
-            v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+            v.push(Variant {
+                shader: k.shader,
+                entry: k.entry,
+                defines: k.defines,
+            });
         }
     }
     v
@@ -114,17 +120,27 @@ impl Stage {
 
 /// A binding of the first `bytes` bytes of `buf`.
 pub(crate) fn head(buf: &wgpu::Buffer, bytes: u64) -> wgpu::BindingResource<'_> {
-    wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: buf, offset: 0, size: std::num::NonZeroU64::new(bytes.max(4)) })
+    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+        buffer: buf,
+        offset: 0,
+        size: std::num::NonZeroU64::new(bytes.max(4)),
+    })
 }
 
 /// Check that `n` f32 logits fit the buffer and one binding.
 pub(crate) fn check_logits(ctx: &GpuContext, logits: &wgpu::Buffer, n: u32) -> Result<()> {
     let bytes = n as u64 * 4;
     if n == 0 || bytes > logits.size() {
-        return Err(Error::internal(format!("{n} logits do not fit a {}-byte buffer", logits.size())));
+        return Err(Error::internal(format!(
+            "{n} logits do not fit a {}-byte buffer",
+            logits.size()
+        )));
     }
     if bytes > ctx.limits.max_binding() {
-        return Err(Error::internal(format!("{n} logits exceed the {}-byte binding limit", ctx.limits.max_binding())));
+        return Err(Error::internal(format!(
+            "{n} logits exceed the {}-byte binding limit",
+            ctx.limits.max_binding()
+        )));
     }
     Ok(())
 }
@@ -157,22 +173,55 @@ impl Argmax {
                 scratch.push(ctx.empty_storage("argmax scratch", groups * 8)?);
             }
             let pipe = ctx.pipeline(&key(wg, s == 0))?;
-            let params = ctx.uniform_buffer_owned("argmax params", &ArgmaxParams { n: n_in as u32, ..Default::default() });
-            let src = if s == 0 { head(logits, n_in * 4) } else { head(&scratch[s - 1], n_in * 8) };
-            let dst = if last { head(&result, 8) } else { head(&scratch[s], groups * 8) };
+            let params = ctx.uniform_buffer_owned(
+                "argmax params",
+                &ArgmaxParams {
+                    n: n_in as u32,
+                    ..Default::default()
+                },
+            );
+            let src = if s == 0 {
+                head(logits, n_in * 4)
+            } else {
+                head(&scratch[s - 1], n_in * 8)
+            };
+            let dst = if last {
+                head(&result, 8)
+            } else {
+                head(&scratch[s], groups * 8)
+            };
             let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&pipe.key.label()),
                 layout: &pipe.layout,
                 entries: &[
-                    wgpu::BindGroupEntry { binding: 0, resource: params.as_entire_binding() },
-                    wgpu::BindGroupEntry { binding: 1, resource: src },
-                    wgpu::BindGroupEntry { binding: 2, resource: dst },
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: params.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: src,
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 2,
+                        resource: dst,
+                    },
                 ],
             });
             let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
-            stages.push(Stage { pipe, bind, grid, _params: params });
+            stages.push(Stage {
+                pipe,
+                bind,
+                grid,
+                _params: params,
+            });
         }
-        Ok(Argmax { n, stages, result, _scratch: scratch })
+        Ok(Argmax {
+            n,
+            stages,
+            result,
+            _scratch: scratch,
+        })
     }
 
     /// `(value bits, index)` of the maximum after [`Argmax::encode_pass`] ran (8 bytes, `COPY_SRC`).
@@ -189,7 +238,10 @@ impl Argmax {
 
     /// The dispatches in a compute pass of their own.
     pub fn encode(&self, encoder: &mut wgpu::CommandEncoder) {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("argmax"), timestamp_writes: None });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("argmax"),
+            timestamp_writes: None,
+        });
         self.encode_pass(&mut pass);
     }
 
@@ -200,7 +252,11 @@ impl Argmax {
 
     /// Encode, submit and read back the 4-byte index (tests and one-off use).
     pub async fn run(&self, ctx: &GpuContext) -> Result<u32> {
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("argmax") });
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("argmax"),
+            });
         self.encode(&mut enc);
         ctx.submit([enc.finish()]);
         let b = crate::gpu::read_buffer(ctx, &self.result, Self::INDEX_OFFSET, 4).await?;

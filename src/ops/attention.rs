@@ -75,8 +75,27 @@ impl WgslParams for AttentionParams {
 impl AttentionParams {
     /// Q and out from element 0 of their buffers.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(n_tokens: u32, n_head: u32, n_kv_head: u32, head_dim: u32, pos0: u32, window: u32, scale: f32, softcap: f32) -> Self {
-        AttentionParams { n_tokens, n_head, n_kv_head, head_dim, pos0, window, scale, softcap, ..Default::default() }
+    pub fn new(
+        n_tokens: u32,
+        n_head: u32,
+        n_kv_head: u32,
+        head_dim: u32,
+        pos0: u32,
+        window: u32,
+        scale: f32,
+        softcap: f32,
+    ) -> Self {
+        AttentionParams {
+            n_tokens,
+            n_head,
+            n_kv_head,
+            head_dim,
+            pos0,
+            window,
+            scale,
+            softcap,
+            ..Default::default()
+        }
     }
 
     /// Cells the cache must hold: every position up to the last token's.
@@ -87,7 +106,11 @@ impl AttentionParams {
     /// The cells `[lo, hi)` token `t` attends to.
     pub fn cell_range(&self, t: u32) -> (u32, u32) {
         let pos = self.pos0 + t;
-        let lo = if self.window > 0 && pos + 1 > self.window { pos + 1 - self.window } else { 0 };
+        let lo = if self.window > 0 && pos + 1 > self.window {
+            pos + 1 - self.window
+        } else {
+            0
+        };
         (lo, pos + 1)
     }
 
@@ -95,20 +118,34 @@ impl AttentionParams {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::invalid(format!("attention: {m}")));
         if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > MAX_HEAD_DIM {
-            return bad(format!("head_dim {} must be even and at most {MAX_HEAD_DIM}", self.head_dim));
+            return bad(format!(
+                "head_dim {} must be even and at most {MAX_HEAD_DIM}",
+                self.head_dim
+            ));
         }
         if self.n_head == 0 || self.n_kv_head == 0 || self.n_head % self.n_kv_head != 0 {
-            return bad(format!("n_head {} must be a positive multiple of n_kv_head {}", self.n_head, self.n_kv_head));
+            return bad(format!(
+                "n_head {} must be a positive multiple of n_kv_head {}",
+                self.n_head, self.n_kv_head
+            ));
         }
         if self.q_offset % 2 != 0 || self.out_offset % 2 != 0 {
-            return bad(format!("q_offset {} and out_offset {} must be even", self.q_offset, self.out_offset));
+            return bad(format!(
+                "q_offset {} and out_offset {} must be even",
+                self.q_offset, self.out_offset
+            ));
         }
         if !(self.scale.is_finite() && self.softcap.is_finite() && self.softcap >= 0.0) {
-            return bad(format!("scale {} and softcap {} must be finite, softcap >= 0", self.scale, self.softcap));
+            return bad(format!(
+                "scale {} and softcap {} must be finite, softcap >= 0",
+                self.scale, self.softcap
+            ));
         }
         let big = self.n_cells() * self.n_kv_head as u64 * self.head_dim as u64;
         let rows = self.n_tokens as u64 * self.n_head as u64 * self.head_dim as u64;
-        if big > u32::MAX as u64 || rows + self.q_offset.max(self.out_offset) as u64 > u32::MAX as u64 {
+        if big > u32::MAX as u64
+            || rows + self.q_offset.max(self.out_offset) as u64 > u32::MAX as u64
+        {
             return bad("sizes beyond u32 indexing".into());
         }
         Ok(())
@@ -127,12 +164,18 @@ pub struct AttentionConfig {
 impl AttentionConfig {
     /// Thread per (token, head), no barrier: the shape for CPU-emulated adapters.
     pub const fn simple() -> Self {
-        AttentionConfig { workgroup_size: 64, cooperative: false }
+        AttentionConfig {
+            workgroup_size: 64,
+            cooperative: false,
+        }
     }
 
     /// Workgroup per (token, head); needs `workgroup_size >= head_dim / 2`.
     pub const fn cooperative(workgroup_size: u32) -> Self {
-        AttentionConfig { workgroup_size, cooperative: true }
+        AttentionConfig {
+            workgroup_size,
+            cooperative: true,
+        }
     }
 
     /// The shape for this device: simple on a CPU adapter, cooperative with 256 threads elsewhere.
@@ -162,9 +205,26 @@ impl AttentionConfig {
         let pow2 = |n: u32| 1u32 << (31 - ctx.limits.workgroup_size(n).leading_zeros());
         // A cooperative shape needs WG >= head_dim / 2 and its workgroup memory: 5 words per
         // thread (sc, pw, lpart, and part as vec2) + the query.
-        let coop_fits = |wg: u32| wg >= p.head_dim / 2 && (wg * 5 + MAX_HEAD_DIM) * 4 <= ctx.limits.max_compute_workgroup_storage_size;
-        let simple = AttentionConfig { workgroup_size: ctx.limits.workgroup_size(if self.cooperative { 64 } else { self.workgroup_size }), cooperative: false };
-        let coop = AttentionConfig { workgroup_size: pow2(if self.cooperative { self.workgroup_size } else { 256 }), cooperative: true };
+        let coop_fits = |wg: u32| {
+            wg >= p.head_dim / 2
+                && (wg * 5 + MAX_HEAD_DIM) * 4 <= ctx.limits.max_compute_workgroup_storage_size
+        };
+        let simple = AttentionConfig {
+            workgroup_size: ctx.limits.workgroup_size(if self.cooperative {
+                64
+            } else {
+                self.workgroup_size
+            }),
+            cooperative: false,
+        };
+        let coop = AttentionConfig {
+            workgroup_size: pow2(if self.cooperative {
+                self.workgroup_size
+            } else {
+                256
+            }),
+            cooperative: true,
+        };
         let simple_ok = simple_iterations(p) <= SIMPLE_MAX_ITERATIONS;
         if coop_fits(coop.workgroup_size) && (self.cooperative || !simple_ok) {
             coop
@@ -182,7 +242,11 @@ pub const SIMPLE_MAX_ITERATIONS: u64 = 60_000;
 /// V loops (`ceil(head_dim / 8)` each) and the two cell loops; per 64-cell chunk the rescale.
 pub fn simple_iterations(p: &AttentionParams) -> u64 {
     let hd2 = p.head_dim as u64 / 2;
-    let cells = if p.window > 0 { p.n_cells().min(p.window as u64) } else { p.n_cells() };
+    let cells = if p.window > 0 {
+        p.n_cells().min(p.window as u64)
+    } else {
+        p.n_cells()
+    };
     let per_cell = 2 * (hd2 / 4 + hd2 % 4) + 2;
     cells * per_cell + cells.div_ceil(64) * hd2 + 2 * hd2
 }
@@ -198,13 +262,21 @@ pub fn key(cfg: AttentionConfig) -> PipelineKey {
 
 /// The shapes the engine may pick (the naga test compiles each).
 pub fn variants() -> Vec<Variant> {
-    [AttentionConfig::simple(), AttentionConfig::cooperative(128), AttentionConfig::cooperative(256)]
-        .iter()
-        .map(|&c| {
-            let k = key(c);
-            Variant { shader: k.shader, entry: k.entry, defines: k.defines }
-        })
-        .collect()
+    [
+        AttentionConfig::simple(),
+        AttentionConfig::cooperative(128),
+        AttentionConfig::cooperative(256),
+    ]
+    .iter()
+    .map(|&c| {
+        let k = key(c);
+        Variant {
+            shader: k.shader,
+            entry: k.entry,
+            defines: k.defines,
+        }
+    })
+    .collect()
 }
 
 /// Attention in the device's shape ([`AttentionConfig::for_device`]).
@@ -221,7 +293,16 @@ pub fn encode(
     v_cache: &wgpu::Buffer,
     out: &wgpu::Buffer,
 ) -> Result<()> {
-    encode_with(ctx, encoder, AttentionConfig::for_device(ctx), p, q, k_cache, v_cache, out)
+    encode_with(
+        ctx,
+        encoder,
+        AttentionConfig::for_device(ctx),
+        p,
+        q,
+        k_cache,
+        v_cache,
+        out,
+    )
 }
 
 /// [`encode`] with an explicit shape (tests run every shape on every adapter).
@@ -237,7 +318,17 @@ pub fn encode_with(
     out: &wgpu::Buffer,
 ) -> Result<()> {
     let mut rec = Recorder::new(ctx);
-    prepare(&mut rec, cfg, p, q, k_cache, v_cache, out, ctx.zero_step(), p.n_cells())?;
+    prepare(
+        &mut rec,
+        cfg,
+        p,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        ctx.zero_step(),
+        p.n_cells(),
+    )?;
     rec.encode(encoder)
 }
 
@@ -262,13 +353,18 @@ pub fn prepare(
         return Ok(());
     }
     if q == out {
-        return Err(Error::invalid("attention: out must be a buffer other than q"));
+        return Err(Error::invalid(
+            "attention: out must be a buffer other than q",
+        ));
     }
     let rows = p.n_tokens as u64 * p.n_head as u64 * p.head_dim as u64 * 4;
     let max_cells = max_cells.max(p.n_cells());
     let cache = max_cells * p.n_kv_head as u64 * p.head_dim as u64 * 4;
     let short = |what: &str, have: u64, need: u64| {
-        Error::invalid(format!("attention: {what} holds {have} bytes, {need} are needed (pos0 {}, {} tokens)", p.pos0, p.n_tokens))
+        Error::invalid(format!(
+            "attention: {what} holds {have} bytes, {need} are needed (pos0 {}, {} tokens)",
+            p.pos0, p.n_tokens
+        ))
     };
     for (what, buf, need) in [
         ("q", q, rows + p.q_offset as u64 * 4),
@@ -281,7 +377,10 @@ pub fn prepare(
         }
     }
     // Fit the shape to the longest range a run may walk (lavapipe's loop limit).
-    let worst = AttentionParams { pos0: (max_cells - p.n_tokens as u64) as u32, ..*p };
+    let worst = AttentionParams {
+        pos0: (max_cells - p.n_tokens as u64) as u32,
+        ..*p
+    };
     let cfg = cfg.fit(ctx, &worst);
     let pipe = ctx.pipeline(&key(cfg))?;
     let wg = pipe.decisions.workgroup_size as u64;
@@ -295,12 +394,30 @@ pub fn prepare(
         "attention",
         &pipe,
         &[
-            wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 1, resource: q.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 2, resource: k_cache.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 3, resource: v_cache.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 4, resource: out.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 5, resource: step.as_entire_binding() },
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: ubuf.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: q.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: k_cache.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 3,
+                resource: v_cache.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 4,
+                resource: out.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 5,
+                resource: step.as_entire_binding(),
+            },
         ],
         grid,
     );
@@ -327,7 +444,12 @@ pub fn reference(p: &AttentionParams, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f3
             scores.clear();
             for c in lo..hi {
                 let krow = &k[(c as usize * nkv + kvh) * hd..][..hd];
-                let mut s = qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * p.scale as f64;
+                let mut s = qrow
+                    .iter()
+                    .zip(krow)
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum::<f64>()
+                    * p.scale as f64;
                 if p.softcap > 0.0 {
                     let cap = p.softcap as f64;
                     s = cap * (s / cap).tanh();

@@ -79,7 +79,11 @@ pub struct SplitConfig {
 
 impl SplitConfig {
     pub const fn new(workgroup_size: u32, chunk: u32, team: u32) -> Self {
-        SplitConfig { workgroup_size, chunk, team }
+        SplitConfig {
+            workgroup_size,
+            chunk,
+            team,
+        }
     }
 
     /// 128 threads, chunks of 32 cells, teams of 16. Gemma 3 270M's decode (4 heads, head_dim
@@ -96,20 +100,34 @@ impl SplitConfig {
     pub fn fit(self, ctx: &GpuContext, head_dim: u32, vec4: bool) -> Result<Self> {
         let bad = |m: String| Err(Error::invalid(format!("attention_split: {m}")));
         if self.chunk == 0 || self.chunk % 4 != 0 {
-            return bad(format!("chunk {} must be a positive multiple of 4", self.chunk));
+            return bad(format!(
+                "chunk {} must be a positive multiple of 4",
+                self.chunk
+            ));
         }
         let nv = head_dim / if vec4 { 4 } else { 2 };
         let pow2_floor = |n: u32| 1u32 << (31 - n.max(1).leading_zeros());
         let cap = pow2_floor(ctx.limits.workgroup_size(u32::MAX));
-        let wg = pow2_floor(self.workgroup_size.max(1)).max(nv.next_power_of_two()).min(cap);
+        let wg = pow2_floor(self.workgroup_size.max(1))
+            .max(nv.next_power_of_two())
+            .min(cap);
         if wg < nv {
-            return bad(format!("head_dim {head_dim} needs {nv} threads a workgroup, the device allows {cap}"));
+            return bad(format!(
+                "head_dim {head_dim} needs {nv} threads a workgroup, the device allows {cap}"
+            ));
         }
         let team = pow2_floor(self.team.max(1)).min(wg);
-        let cfg = SplitConfig { workgroup_size: wg, chunk: self.chunk, team };
+        let cfg = SplitConfig {
+            workgroup_size: wg,
+            chunk: self.chunk,
+            team,
+        };
         let need = cfg.workgroup_bytes(vec4);
         if need > ctx.limits.max_compute_workgroup_storage_size as u64 {
-            return bad(format!("{cfg:?} needs {need} bytes of workgroup memory, the device allows {}", ctx.limits.max_compute_workgroup_storage_size));
+            return bad(format!(
+                "{cfg:?} needs {need} bytes of workgroup memory, the device allows {}",
+                ctx.limits.max_compute_workgroup_storage_size
+            ));
         }
         Ok(cfg)
     }
@@ -118,7 +136,11 @@ impl SplitConfig {
     /// partial dots, scores and weights of the chunk, and per thread a vector and a float.
     pub fn workgroup_bytes(&self, vec4: bool) -> u64 {
         let w = if vec4 { 4 } else { 2 };
-        let (wg, chunk, team) = (self.workgroup_size as u64, self.chunk as u64, self.team as u64);
+        let (wg, chunk, team) = (
+            self.workgroup_size as u64,
+            self.chunk as u64,
+            self.team as u64,
+        );
         4 * (MAX_HEAD_DIM as u64 + chunk * (team + 1) + 2 * chunk + wg * (w + 1))
     }
 }
@@ -149,11 +171,19 @@ fn chunk_of(pipe: &CachedPipeline) -> Result<u32> {
 /// The shapes the engine may pick (the naga test compiles each).
 pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
-    for cfg in [SplitConfig::new(128, 32, 16), SplitConfig::new(256, 64, 8), SplitConfig::new(64, 4, 1)] {
+    for cfg in [
+        SplitConfig::new(128, 32, 16),
+        SplitConfig::new(256, 64, 8),
+        SplitConfig::new(64, 4, 1),
+    ] {
         for vec4 in [false, true] {
             for entry in [ENTRY_PARTIAL, ENTRY_REDUCE] {
                 let k = key(cfg, vec4, entry);
-                v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+                v.push(Variant {
+                    shader: k.shader,
+                    entry: k.entry,
+                    defines: k.defines,
+                });
             }
         }
     }
@@ -189,9 +219,23 @@ pub fn encode(
     out: &wgpu::Buffer,
 ) -> Result<()> {
     p.validate()?;
-    let scratch = ctx.empty_storage("attention_split scratch", scratch_bytes(p, cfg, p.n_cells()))?;
+    let scratch = ctx.empty_storage(
+        "attention_split scratch",
+        scratch_bytes(p, cfg, p.n_cells()),
+    )?;
     let mut rec = Recorder::new(ctx);
-    prepare(&mut rec, cfg, p, q, k_cache, v_cache, out, &scratch, ctx.zero_step(), p.n_cells())?;
+    prepare(
+        &mut rec,
+        cfg,
+        p,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        &scratch,
+        ctx.zero_step(),
+        p.n_cells(),
+    )?;
     rec.encode(encoder)
 }
 
@@ -239,11 +283,18 @@ pub fn prepare(
         ("scratch", scratch, need_scratch),
     ] {
         if buf.size() < need {
-            return bad(format!("{what} holds {} bytes, {need} are needed ({max_cells} cells, {} tokens)", buf.size(), p.n_tokens));
+            return bad(format!(
+                "{what} holds {} bytes, {need} are needed ({max_cells} cells, {} tokens)",
+                buf.size(),
+                p.n_tokens
+            ));
         }
     }
     if need_scratch > ctx.limits.max_binding() {
-        return bad(format!("a scratch of {need_scratch} bytes for {max_cells} cells passes the binding limit {}", ctx.limits.max_binding()));
+        return bad(format!(
+            "a scratch of {need_scratch} bytes for {max_cells} cells passes the binding limit {}",
+            ctx.limits.max_binding()
+        ));
     }
     let vec4 = use_vec4(p);
     let cfg = cfg.fit(ctx, p.head_dim, vec4)?;
@@ -255,7 +306,9 @@ pub fn prepare(
     // Every scratch vector index (and the grid) must fit the shader's u32 arithmetic.
     let vectors = pairs * n_chunks * (p.head_dim as u64 / 2 + 1);
     if vectors > u32::MAX as u64 || max_cells + chunk > u32::MAX as u64 {
-        return bad(format!("{pairs} (token, head) pairs over {max_cells} cells pass u32 indexing"));
+        return bad(format!(
+            "{pairs} (token, head) pairs over {max_cells} cells pass u32 indexing"
+        ));
     }
     let params = SplitParams {
         n_tokens: p.n_tokens,
@@ -277,12 +330,30 @@ pub fn prepare(
         "attention",
         &partial,
         &[
-            wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 1, resource: q.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 2, resource: k_cache.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 3, resource: v_cache.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 4, resource: scratch.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 6, resource: step.as_entire_binding() },
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: ubuf.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: q.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: k_cache.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 3,
+                resource: v_cache.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 4,
+                resource: scratch.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 6,
+                resource: step.as_entire_binding(),
+            },
         ],
         grid_2d(pairs * n_chunks, max_dim)?,
     );
@@ -290,10 +361,22 @@ pub fn prepare(
         "attention",
         &reduce,
         &[
-            wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 4, resource: scratch.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 5, resource: out.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 6, resource: step.as_entire_binding() },
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: ubuf.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 4,
+                resource: scratch.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 5,
+                resource: out.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 6,
+                resource: step.as_entire_binding(),
+            },
         ],
         grid_2d(pairs, max_dim)?,
     );

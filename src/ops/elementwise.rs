@@ -88,14 +88,23 @@ impl<'a> BindingPlan<'a> {
     pub fn new(out: &'a wgpu::Buffer, inputs: &[&'a wgpu::Buffer]) -> Self {
         assert!(inputs.len() <= 2, "at most two read bindings");
         let (names, owners) = alias_names(out, inputs);
-        BindingPlan { names, reads: owners.iter().map(|&i| inputs[i]).collect() }
+        BindingPlan {
+            names,
+            reads: owners.iter().map(|&i| inputs[i]).collect(),
+        }
     }
 
     /// The bind group entries after the uniform: `dst` and the read bindings.
     pub fn entries(&self, out: &'a wgpu::Buffer) -> Vec<wgpu::BindGroupEntry<'a>> {
-        let mut e = vec![wgpu::BindGroupEntry { binding: 1, resource: out.as_entire_binding() }];
+        let mut e = vec![wgpu::BindGroupEntry {
+            binding: 1,
+            resource: out.as_entire_binding(),
+        }];
         for (i, b) in self.reads.iter().enumerate() {
-            e.push(wgpu::BindGroupEntry { binding: 2 + i as u32, resource: b.as_entire_binding() });
+            e.push(wgpu::BindGroupEntry {
+                binding: 2 + i as u32,
+                resource: b.as_entire_binding(),
+            });
         }
         e
     }
@@ -116,7 +125,9 @@ pub(crate) fn two_input_patterns() -> Vec<(Vec<&'static str>, usize)> {
 }
 
 fn add_key(wg: u32, names: &[&str], reads: usize) -> PipelineKey {
-    let mut k = PipelineKey::new(SHADER, "add_scaled").define("ADD_SCALED", "").workgroup_size(wg);
+    let mut k = PipelineKey::new(SHADER, "add_scaled")
+        .define("ADD_SCALED", "")
+        .workgroup_size(wg);
     k = k.define("IN_A", names[0]).define("IN_B", names[1]);
     for i in 0..reads {
         k = k.define(["HAS_SRC0", "HAS_SRC1"][i], "");
@@ -125,18 +136,30 @@ fn add_key(wg: u32, names: &[&str], reads: usize) -> PipelineKey {
 }
 
 fn scale_key(wg: u32) -> PipelineKey {
-    PipelineKey::new(SHADER, "scale").define("SCALE", "").workgroup_size(wg)
+    PipelineKey::new(SHADER, "scale")
+        .define("SCALE", "")
+        .workgroup_size(wg)
 }
 
 /// `add_scaled` in every aliasing pattern, and `scale`, at the default workgroup size.
 pub fn variants() -> Vec<Variant> {
-    let mut keys: Vec<PipelineKey> = two_input_patterns().iter().map(|(n, r)| add_key(WORKGROUP_SIZE, n, *r)).collect();
+    let mut keys: Vec<PipelineKey> = two_input_patterns()
+        .iter()
+        .map(|(n, r)| add_key(WORKGROUP_SIZE, n, *r))
+        .collect();
     keys.push(scale_key(WORKGROUP_SIZE));
-    keys.into_iter().map(|k| Variant { shader: k.shader, entry: k.entry, defines: k.defines }).collect()
+    keys.into_iter()
+        .map(|k| Variant {
+            shader: k.shader,
+            entry: k.entry,
+            defines: k.defines,
+        })
+        .collect()
 }
 
 fn u32_of(what: &str, v: u64) -> Result<u32> {
-    u32::try_from(v).map_err(|_| Error::invalid(format!("elementwise: {what} = {v} does not fit in u32")))
+    u32::try_from(v)
+        .map_err(|_| Error::invalid(format!("elementwise: {what} = {v} does not fit in u32")))
 }
 
 /// A buffer, the element index of `[0, 0]` and the elements between rows.
@@ -150,7 +173,11 @@ pub struct View<'a> {
 impl<'a> View<'a> {
     /// Rows of `row_len` back to back from element `offset`.
     pub fn rows(buffer: &'a wgpu::Buffer, offset: u64, row_len: u64) -> Self {
-        View { buffer, offset, stride: row_len }
+        View {
+            buffer,
+            offset,
+            stride: row_len,
+        }
     }
 }
 
@@ -171,7 +198,10 @@ fn run(
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
-    let mut all = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
+    let mut all = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: ubuf.as_entire_binding(),
+    }];
     all.extend(entries);
     rec.push("elementwise", &pipe, &all, grid);
     Ok(())
@@ -199,10 +229,22 @@ pub fn add_scaled(
 
 /// Prepare the dispatch of [`add_scaled`].
 #[allow(clippy::too_many_arguments)]
-pub fn prepare_add_scaled(rec: &mut Recorder, a: View, b: View, scale_b: f32, out: View, n_rows: u32, n_cols: u32) -> Result<()> {
+pub fn prepare_add_scaled(
+    rec: &mut Recorder,
+    a: View,
+    b: View,
+    scale_b: f32,
+    out: View,
+    n_rows: u32,
+    n_cols: u32,
+) -> Result<()> {
     let ctx = rec.ctx;
     let plan = BindingPlan::new(out.buffer, &[a.buffer, b.buffer]);
-    let key = add_key(ctx.limits.workgroup_size(WORKGROUP_SIZE), &plan.names, plan.reads.len());
+    let key = add_key(
+        ctx.limits.workgroup_size(WORKGROUP_SIZE),
+        &plan.names,
+        plan.reads.len(),
+    );
     let params = ElementwiseParams {
         n_rows,
         n_cols,
@@ -222,25 +264,55 @@ pub fn prepare_add_scaled(rec: &mut Recorder, a: View, b: View, scale_b: f32, ou
 ///
 /// - `x`: `(n_rows, n_cols)` view (rows `x.stride` apart)
 /// - `bias`: `(n_cols)` f32 tensor in one part
-pub fn bias_add(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, x: View, bias: &GpuTensor, n_rows: u32, n_cols: u32) -> Result<()> {
+pub fn bias_add(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    x: View,
+    bias: &GpuTensor,
+    n_rows: u32,
+    n_cols: u32,
+) -> Result<()> {
     let mut rec = Recorder::new(ctx);
     prepare_bias_add(&mut rec, x, bias, n_rows, n_cols)?;
     rec.encode(encoder)
 }
 
 /// Prepare the dispatch of [`bias_add`].
-pub fn prepare_bias_add(rec: &mut Recorder, x: View, bias: &GpuTensor, n_rows: u32, n_cols: u32) -> Result<()> {
-    if bias.ty != crate::gguf::GgmlType::F32 || bias.rows * bias.cols != n_cols as u64 || bias.parts.len() != 1 {
-        return Err(Error::invalid(format!("bias_add: bias {} is not an f32 vector of {n_cols} in one part", bias.name)));
+pub fn prepare_bias_add(
+    rec: &mut Recorder,
+    x: View,
+    bias: &GpuTensor,
+    n_rows: u32,
+    n_cols: u32,
+) -> Result<()> {
+    if bias.ty != crate::gguf::GgmlType::F32
+        || bias.rows * bias.cols != n_cols as u64
+        || bias.parts.len() != 1
+    {
+        return Err(Error::invalid(format!(
+            "bias_add: bias {} is not an f32 vector of {n_cols} in one part",
+            bias.name
+        )));
     }
-    let b = View { buffer: &bias.parts[0].buffer, offset: 0, stride: 0 };
+    let b = View {
+        buffer: &bias.parts[0].buffer,
+        offset: 0,
+        stride: 0,
+    };
     prepare_add_scaled(rec, x, b, 1.0, x, n_rows, n_cols)
 }
 
 /// `x[r, i] *= s` for `(n_rows, n_cols)` in place.
 ///
 /// - `x`: `(n_rows, n_cols)` view
-pub fn scale(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, x: View, s: f32, n_rows: u32, n_cols: u32) -> Result<()> {
+pub fn scale(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    x: View,
+    s: f32,
+    n_rows: u32,
+    n_cols: u32,
+) -> Result<()> {
     let mut rec = Recorder::new(ctx);
     prepare_scale(&mut rec, x, s, n_rows, n_cols)?;
     rec.encode(encoder)
@@ -256,7 +328,10 @@ pub fn prepare_scale(rec: &mut Recorder, x: View, s: f32, n_rows: u32, n_cols: u
         scale: s,
         ..Default::default()
     };
-    let entries = vec![wgpu::BindGroupEntry { binding: 1, resource: x.buffer.as_entire_binding() }];
+    let entries = vec![wgpu::BindGroupEntry {
+        binding: 1,
+        resource: x.buffer.as_entire_binding(),
+    }];
     let wg = rec.ctx.limits.workgroup_size(WORKGROUP_SIZE);
     run(rec, scale_key(wg), params, entries)
 }
@@ -266,7 +341,11 @@ pub fn reference_add_scaled(a: &[f32], b: &[f32], scale_b: f32, n_cols: usize) -
     a.iter()
         .enumerate()
         .map(|(i, &x)| {
-            let y = if b.len() == n_cols { b[i % n_cols] } else { b[i] };
+            let y = if b.len() == n_cols {
+                b[i % n_cols]
+            } else {
+                b[i]
+            };
             x as f64 + y as f64 * scale_b as f64
         })
         .collect()
@@ -284,7 +363,10 @@ mod tests {
     #[test]
     fn aliasing_patterns_bind_each_buffer_once() {
         // out, a, b as buffer identities.
-        assert_eq!(alias_names(&0, &[&1, &2]), (vec!["src0", "src1"], vec![0, 1]));
+        assert_eq!(
+            alias_names(&0, &[&1, &2]),
+            (vec!["src0", "src1"], vec![0, 1])
+        );
         assert_eq!(alias_names(&0, &[&0, &2]), (vec!["dst", "src0"], vec![1]));
         assert_eq!(alias_names(&0, &[&1, &1]), (vec!["src0", "src0"], vec![0]));
         assert_eq!(alias_names(&0, &[&1, &0]), (vec!["src0", "dst"], vec![0]));

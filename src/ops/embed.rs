@@ -69,8 +69,15 @@ pub fn key(ty: GgmlType, workgroup_size: u32) -> Result<PipelineKey> {
         .iter()
         .find(|(t, _)| *t == ty)
         .map(|(_, d)| *d)
-        .ok_or_else(|| Error::new(ErrorCode::UnsupportedQuant, format!("tensor type {ty} has no GPU embedding kernel")))?;
-    Ok(PipelineKey::new(SHADER, ENTRY).define(define, "").workgroup_size(workgroup_size))
+        .ok_or_else(|| {
+            Error::new(
+                ErrorCode::UnsupportedQuant,
+                format!("tensor type {ty} has no GPU embedding kernel"),
+            )
+        })?;
+    Ok(PipelineKey::new(SHADER, ENTRY)
+        .define(define, "")
+        .workgroup_size(workgroup_size))
 }
 
 /// One variant per type (the naga test compiles each).
@@ -79,7 +86,11 @@ pub fn variants() -> Vec<Variant> {
         .iter()
         .map(|(ty, _)| {
             let k = key(*ty, WORKGROUP_SIZE).expect("every listed type has a define");
-            Variant { shader: k.shader, entry: k.entry, defines: k.defines }
+            Variant {
+                shader: k.shader,
+                entry: k.entry,
+                defines: k.defines,
+            }
         })
         .collect()
 }
@@ -102,7 +113,9 @@ pub fn encode(
     out_offset: u64,
 ) -> Result<()> {
     let mut rec = Recorder::new(ctx);
-    prepare(&mut rec, table, ids, ids_offset, n_tokens, scale, out, out_offset)?;
+    prepare(
+        &mut rec, table, ids, ids_offset, n_tokens, scale, out, out_offset,
+    )?;
     rec.encode(encoder)
 }
 
@@ -125,7 +138,12 @@ pub fn prepare(
     let pipe = ctx.pipeline(&key(table.ty, ctx.limits.workgroup_size(WORKGROUP_SIZE))?)?;
     let wg = pipe.decisions.workgroup_size as u64;
     let u32_of = |what: &str, v: u64| {
-        u32::try_from(v).map_err(|_| Error::invalid(format!("embed {}: {what} = {v} does not fit in u32", table.name)))
+        u32::try_from(v).map_err(|_| {
+            Error::invalid(format!(
+                "embed {}: {what} = {v} does not fit in u32",
+                table.name
+            ))
+        })
     };
     let units = units_per_row(table.ty, table.cols);
     let label = pipe.key.label();
@@ -151,10 +169,22 @@ pub fn prepare(
             "embed",
             &pipe,
             &[
-                wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 1, resource: part.buffer.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 2, resource: ids.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 3, resource: out.as_entire_binding() },
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: ubuf.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: part.buffer.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: ids.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 3,
+                    resource: out.as_entire_binding(),
+                },
             ],
             grid,
         );
@@ -165,5 +195,11 @@ pub fn prepare(
 /// CPU reference: `out[t, c] = table[ids[t], c] * scale` in f64, from the f32 rows of the table
 /// (`(rows, cols)`, e.g. `crate::quant::dequantize_to_vec` of its GGUF bytes).
 pub fn reference(table: &[f32], cols: usize, ids: &[u32], scale: f32) -> Vec<f64> {
-    ids.iter().flat_map(|&id| table[id as usize * cols..(id as usize + 1) * cols].iter().map(move |&v| v as f64 * scale as f64)).collect()
+    ids.iter()
+        .flat_map(|&id| {
+            table[id as usize * cols..(id as usize + 1) * cols]
+                .iter()
+                .map(move |&v| v as f64 * scale as f64)
+        })
+        .collect()
 }

@@ -18,7 +18,9 @@ use super::matmul::{self, MatmulConfig, TYPES};
 use super::{Variant, WgslParams};
 use crate::error::{Error, ErrorCode, Result};
 use crate::gguf::GgmlType;
-use crate::gpu::{grid_2d, CachedPipeline, GpuContext, GpuLimits, GpuTensor, PipelineKey, Recorder};
+use crate::gpu::{
+    grid_2d, CachedPipeline, GpuContext, GpuLimits, GpuTensor, PipelineKey, Recorder,
+};
 
 pub const SHADER: &str = "gemm.wgsl";
 pub const ENTRY: &str = "gemm";
@@ -108,7 +110,12 @@ impl GemmConfig {
     pub const TILE_64X32: GemmConfig = GemmConfig::new(64, 32, 32, 4, 4);
 
     /// The GPU tiles from largest to smallest: what [`Self::for_shape`] chooses from.
-    pub const GPU_TILES: [GemmConfig; 4] = [Self::TILE_128X128, Self::TILE_128X64, Self::TILE_64X64, Self::TILE_64X32];
+    pub const GPU_TILES: [GemmConfig; 4] = [
+        Self::TILE_128X128,
+        Self::TILE_128X64,
+        Self::TILE_64X64,
+        Self::TILE_64X32,
+    ];
 
     /// Threads per workgroup.
     pub const fn workgroup_size(&self) -> u32 {
@@ -126,7 +133,10 @@ impl GemmConfig {
         if matmul::is_cpu_adapter(ctx) {
             return Self::CPU;
         }
-        Self::GPU_TILES.into_iter().find(|c| c.check(&ctx.limits).is_ok()).unwrap_or(Self::TILE_64X64_BK16)
+        Self::GPU_TILES
+            .into_iter()
+            .find(|c| c.check(&ctx.limits).is_ok())
+            .unwrap_or(Self::TILE_64X64_BK16)
     }
 
     /// The tile for a product of `rows` weight rows and `n_tokens` tokens: the largest GPU tile
@@ -151,8 +161,12 @@ impl GemmConfig {
         if matmul::is_cpu_adapter(ctx) {
             return Self::CPU;
         }
-        let fits: Vec<GemmConfig> = Self::GPU_TILES.into_iter().filter(|c| c.check(&ctx.limits).is_ok()).collect();
-        let groups = |c: &GemmConfig| rows.div_ceil(c.bm as u64) * (n_tokens as u64).div_ceil(c.bn as u64);
+        let fits: Vec<GemmConfig> = Self::GPU_TILES
+            .into_iter()
+            .filter(|c| c.check(&ctx.limits).is_ok())
+            .collect();
+        let groups =
+            |c: &GemmConfig| rows.div_ceil(c.bm as u64) * (n_tokens as u64).div_ceil(c.bn as u64);
         fits.iter()
             .copied()
             .find(|c| groups(c) >= Self::MIN_WORKGROUPS)
@@ -178,10 +192,14 @@ impl GemmConfig {
             return bad("bk must be a positive multiple of 8 (the decode run)".into());
         }
         let wg = self.workgroup_size();
-        if wg > limits.max_compute_invocations_per_workgroup || wg > limits.max_compute_workgroup_size_x {
+        if wg > limits.max_compute_invocations_per_workgroup
+            || wg > limits.max_compute_workgroup_size_x
+        {
             return bad(format!(
                 "{wg} threads exceed this device's {} invocations per workgroup",
-                limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x)
+                limits
+                    .max_compute_invocations_per_workgroup
+                    .min(limits.max_compute_workgroup_size_x)
             ));
         }
         if self.storage_bytes() > limits.max_compute_workgroup_storage_size {
@@ -198,16 +216,28 @@ impl GemmConfig {
 /// `BMxBNxBK:TMxTN`, e.g. `128x64x32:8x4` (how the bench prints and parses tiles).
 impl std::fmt::Display for GemmConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}x{}x{}:{}x{}", self.bm, self.bn, self.bk, self.tm, self.tn)
+        write!(
+            f,
+            "{}x{}x{}:{}x{}",
+            self.bm, self.bn, self.bk, self.tm, self.tn
+        )
     }
 }
 
 impl std::str::FromStr for GemmConfig {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || Error::invalid(format!("tile {s:?}: want BMxBNxBK:TMxTN, e.g. 128x64x32:8x4"));
+        let bad = || {
+            Error::invalid(format!(
+                "tile {s:?}: want BMxBNxBK:TMxTN, e.g. 128x64x32:8x4"
+            ))
+        };
         let (tile, thread) = s.trim().split_once(':').ok_or_else(bad)?;
-        let nums = |t: &str| t.split('x').map(|n| n.parse::<u32>().map_err(|_| bad())).collect::<Result<Vec<u32>>>();
+        let nums = |t: &str| {
+            t.split('x')
+                .map(|n| n.parse::<u32>().map_err(|_| bad()))
+                .collect::<Result<Vec<u32>>>()
+        };
         match (nums(tile)?.as_slice(), nums(thread)?.as_slice()) {
             (&[bm, bn, bk], &[tm, tn]) => Ok(GemmConfig::new(bm, bn, bk, tm, tn)),
             _ => Err(bad()),
@@ -250,7 +280,12 @@ fn type_define(ty: GgmlType) -> Result<&'static str> {
         .iter()
         .find(|(t, _)| *t == ty)
         .map(|(_, d)| *d)
-        .ok_or_else(|| Error::new(ErrorCode::UnsupportedQuant, format!("tensor type {ty} has no GPU gemm kernel")))
+        .ok_or_else(|| {
+            Error::new(
+                ErrorCode::UnsupportedQuant,
+                format!("tensor type {ty} has no GPU gemm kernel"),
+            )
+        })
 }
 
 /// The pipeline key of a type and tile.
@@ -299,7 +334,11 @@ pub fn variants() -> Vec<Variant> {
     for (ty, _) in TYPES {
         for cfg in shapes {
             let k = key(ty, cfg).expect("every listed type has a define");
-            v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+            v.push(Variant {
+                shader: k.shader,
+                entry: k.entry,
+                defines: k.defines,
+            });
         }
     }
     v
@@ -323,7 +362,9 @@ pub fn prepare(
     y_stride: Option<u64>,
     n_tokens: u32,
 ) -> Result<()> {
-    prepare_strided(rec, cfg, w, x, x_offset, None, y, y_offset, y_stride, n_tokens)
+    prepare_strided(
+        rec, cfg, w, x, x_offset, None, y, y_offset, y_stride, n_tokens,
+    )
 }
 
 /// [`prepare`] with X's rows `x_stride` elements apart (default `w.cols`): the columns of a
@@ -348,16 +389,28 @@ pub fn prepare_strided(
     cfg.check(&ctx.limits)?;
     let y_stride = y_stride.unwrap_or(w.rows);
     if y_stride < w.rows {
-        return Err(Error::invalid(format!("gemm {}: y stride {y_stride} is below the {} rows", w.name, w.rows)));
+        return Err(Error::invalid(format!(
+            "gemm {}: y stride {y_stride} is below the {} rows",
+            w.name, w.rows
+        )));
     }
     let x_stride = x_stride.unwrap_or(w.cols);
     if x_stride < w.cols {
-        return Err(Error::invalid(format!("gemm {}: x stride {x_stride} is below the {} cols", w.name, w.cols)));
+        return Err(Error::invalid(format!(
+            "gemm {}: x stride {x_stride} is below the {} cols",
+            w.name, w.cols
+        )));
     }
     let pipe: Arc<CachedPipeline> = ctx.pipeline(&key(w.ty, cfg)?)?;
-    let (bm, bn) = (key_u32(&pipe.key, "BM")? as u64, key_u32(&pipe.key, "BN")? as u64);
-    let u32_of =
-        |what: &str, v: u64| u32::try_from(v).map_err(|_| Error::invalid(format!("gemm {}: {what} = {v} does not fit in u32", w.name)));
+    let (bm, bn) = (
+        key_u32(&pipe.key, "BM")? as u64,
+        key_u32(&pipe.key, "BN")? as u64,
+    );
+    let u32_of = |what: &str, v: u64| {
+        u32::try_from(v).map_err(|_| {
+            Error::invalid(format!("gemm {}: {what} = {v} does not fit in u32", w.name))
+        })
+    };
     let token_tiles = (n_tokens as u64).div_ceil(bn);
     // The last element each binding is indexed at must fit the shader's u32 arithmetic.
     u32_of("x end", x_offset + n_tokens as u64 * x_stride)?;
@@ -385,10 +438,22 @@ pub fn prepare_strided(
         };
         let ubuf = rec.uniform(&label, &params);
         let entries = [
-            wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 1, resource: part.buffer.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 2, resource: x.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 3, resource: y.as_entire_binding() },
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: ubuf.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: part.buffer.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: x.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 3,
+                resource: y.as_entire_binding(),
+            },
         ];
         rec.push("gemm", &pipe, &entries, grid);
     }
@@ -410,7 +475,9 @@ pub fn encode(
     n_tokens: u32,
 ) -> Result<()> {
     let mut rec = Recorder::new(ctx);
-    prepare(&mut rec, cfg, w, x, x_offset, y, y_offset, y_stride, n_tokens)?;
+    prepare(
+        &mut rec, cfg, w, x, x_offset, y, y_offset, y_stride, n_tokens,
+    )?;
     rec.encode(enc)
 }
 
@@ -424,7 +491,10 @@ fn now_ms() -> f64 {
     {
         use std::sync::OnceLock;
         static T0: OnceLock<std::time::Instant> = OnceLock::new();
-        T0.get_or_init(std::time::Instant::now).elapsed().as_secs_f64() * 1e3
+        T0.get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_secs_f64()
+            * 1e3
     }
 }
 
@@ -438,18 +508,52 @@ pub enum Kernel {
 /// Tiled GEMM throughput on synthetic weights of `ty` (`rows x cols`) and `n_tokens` tokens, in
 /// GFLOP/s (`2 * rows * cols * n_tokens` per product), with the tile [`GemmConfig::for_shape`]
 /// picks.
-pub async fn bench_gemm(ctx: &GpuContext, ty: GgmlType, rows: u64, cols: u64, n_tokens: u32, iters: u32) -> Result<f64> {
-    bench_kernel(ctx, Kernel::Tiled(GemmConfig::for_shape(ctx, rows, n_tokens)), ty, rows, cols, n_tokens, iters).await
+pub async fn bench_gemm(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    rows: u64,
+    cols: u64,
+    n_tokens: u32,
+    iters: u32,
+) -> Result<f64> {
+    bench_kernel(
+        ctx,
+        Kernel::Tiled(GemmConfig::for_shape(ctx, rows, n_tokens)),
+        ty,
+        rows,
+        cols,
+        n_tokens,
+        iters,
+    )
+    .await
 }
 
 /// [`bench_gemm`] for any kernel: `iters` products recorded into one compute pass after one
 /// warm-up, timed to the end of a 4-byte readback.
 #[allow(clippy::too_many_arguments)]
-pub async fn bench_kernel(ctx: &GpuContext, kernel: Kernel, ty: GgmlType, rows: u64, cols: u64, n_tokens: u32, iters: u32) -> Result<f64> {
+pub async fn bench_kernel(
+    ctx: &GpuContext,
+    kernel: Kernel,
+    ty: GgmlType,
+    rows: u64,
+    cols: u64,
+    n_tokens: u32,
+    iters: u32,
+) -> Result<f64> {
     let bytes = crate::quant::gpu::synthetic_rows(ty, cols, rows, 1);
-    let w = crate::quant::gpu::upload_tensor(ctx, "bench weight", ty, cols, rows, &bytes, ctx.limits.max_binding())?;
+    let w = crate::quant::gpu::upload_tensor(
+        ctx,
+        "bench weight",
+        ty,
+        cols,
+        rows,
+        &bytes,
+        ctx.limits.max_binding(),
+    )?;
     drop(bytes);
-    let xs: Vec<f32> = (0..cols * n_tokens as u64).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+    let xs: Vec<f32> = (0..cols * n_tokens as u64)
+        .map(|i| ((i % 17) as f32 - 8.0) / 8.0)
+        .collect();
     let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&xs));
     let y = ctx.empty_storage("bench y", rows * n_tokens as u64 * 4)?;
     let iters = iters.max(1);
@@ -462,10 +566,17 @@ pub async fn bench_kernel(ctx: &GpuContext, kernel: Kernel, ty: GgmlType, rows: 
         Kernel::Registers(_) => None,
     };
     let run = |n: u32| -> Result<()> {
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("bench gemm") });
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("bench gemm"),
+            });
         match (&prepared, kernel) {
             (Some(p), _) => {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: None,
+                });
                 for _ in 0..n {
                     p.record(&mut pass);
                 }
@@ -510,12 +621,21 @@ mod tests {
     #[test]
     fn standard_tiles_fit_their_limits() {
         let min = webgpu_min();
-        for c in GemmConfig::GPU_TILES.into_iter().chain([GemmConfig::TILE_64X64_BK16, GemmConfig::CPU]) {
-            assert!(c.check(&min).is_ok(), "{c} must fit WebGPU's minimum limits");
+        for c in GemmConfig::GPU_TILES
+            .into_iter()
+            .chain([GemmConfig::TILE_64X64_BK16, GemmConfig::CPU])
+        {
+            assert!(
+                c.check(&min).is_ok(),
+                "{c} must fit WebGPU's minimum limits"
+            );
         }
         assert_eq!(GemmConfig::TILE_128X128.workgroup_size(), 256);
         assert_eq!(GemmConfig::TILE_128X128.storage_bytes(), 16 << 10);
-        let downlevel = GpuLimits { max_compute_workgroup_storage_size: 8 << 10, ..min };
+        let downlevel = GpuLimits {
+            max_compute_workgroup_storage_size: 8 << 10,
+            ..min
+        };
         assert!(GemmConfig::TILE_64X64_BK16.check(&downlevel).is_ok());
         assert!(GemmConfig::TILE_64X64.check(&downlevel).is_err());
     }
@@ -546,10 +666,17 @@ mod tests {
 
     #[test]
     fn tile_text_round_trips() {
-        for c in [GemmConfig::TILE_128X128, GemmConfig::TILE_64X64, GemmConfig::new(16, 8, 8, 4, 4)] {
+        for c in [
+            GemmConfig::TILE_128X128,
+            GemmConfig::TILE_64X64,
+            GemmConfig::new(16, 8, 8, 4, 4),
+        ] {
             assert_eq!(c.to_string().parse::<GemmConfig>().unwrap(), c);
         }
-        assert_eq!("128x64x16:8x4".parse::<GemmConfig>().unwrap(), GemmConfig::TILE_128X64);
+        assert_eq!(
+            "128x64x16:8x4".parse::<GemmConfig>().unwrap(),
+            GemmConfig::TILE_128X64
+        );
         for bad in ["128x64:8x4", "128x64x32", "axbxc:dxe", "1x2x3:4x5x6"] {
             assert!(bad.parse::<GemmConfig>().is_err(), "{bad} parsed");
         }

@@ -38,7 +38,11 @@ impl Activation {
     pub fn apply(self, x: f64) -> f64 {
         match self {
             Activation::Silu => x / (1.0 + (-x).exp()),
-            Activation::GeluTanh => 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()),
+            Activation::GeluTanh => {
+                0.5 * x
+                    * (1.0
+                        + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+            }
         }
     }
 }
@@ -74,7 +78,9 @@ impl WgslParams for GluParams {
 }
 
 fn key(act: Activation, wg: u32, names: &[&str], reads: usize) -> PipelineKey {
-    let mut k = PipelineKey::new(SHADER, ENTRY).define(act.define(), "").workgroup_size(wg);
+    let mut k = PipelineKey::new(SHADER, ENTRY)
+        .define(act.define(), "")
+        .workgroup_size(wg);
     k = k.define("IN_GATE", names[0]).define("IN_UP", names[1]);
     for i in 0..reads {
         k = k.define(["HAS_SRC0", "HAS_SRC1"][i], "");
@@ -88,7 +94,11 @@ pub fn variants() -> Vec<Variant> {
     for act in [Activation::Silu, Activation::GeluTanh] {
         for (names, reads) in two_input_patterns() {
             let k = key(act, WORKGROUP_SIZE, &names, reads);
-            v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+            v.push(Variant {
+                shader: k.shader,
+                entry: k.entry,
+                defines: k.defines,
+            });
         }
     }
     v
@@ -120,7 +130,15 @@ pub fn encode(
 }
 
 /// Prepare the dispatch of [`encode`].
-pub fn prepare(rec: &mut Recorder, act: Activation, gate: View, up: View, out: View, n_rows: u32, n_cols: u32) -> Result<()> {
+pub fn prepare(
+    rec: &mut Recorder,
+    act: Activation,
+    gate: View,
+    up: View,
+    out: View,
+    n_rows: u32,
+    n_cols: u32,
+) -> Result<()> {
     let ctx = rec.ctx;
     let total = n_rows as u64 * n_cols as u64;
     u32_of("elements", total)?;
@@ -128,7 +146,12 @@ pub fn prepare(rec: &mut Recorder, act: Activation, gate: View, up: View, out: V
         return Ok(());
     }
     let plan = BindingPlan::new(out.buffer, &[gate.buffer, up.buffer]);
-    let pipe = ctx.pipeline(&key(act, ctx.limits.workgroup_size(WORKGROUP_SIZE), &plan.names, plan.reads.len()))?;
+    let pipe = ctx.pipeline(&key(
+        act,
+        ctx.limits.workgroup_size(WORKGROUP_SIZE),
+        &plan.names,
+        plan.reads.len(),
+    ))?;
     let params = GluParams {
         n_rows,
         n_cols,
@@ -143,7 +166,10 @@ pub fn prepare(rec: &mut Recorder, act: Activation, gate: View, up: View, out: V
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
-    let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: ubuf.as_entire_binding(),
+    }];
     entries.extend(plan.entries(out.buffer));
     rec.push("glu", &pipe, &entries, grid);
     Ok(())
@@ -151,5 +177,8 @@ pub fn prepare(rec: &mut Recorder, act: Activation, gate: View, up: View, out: V
 
 /// CPU reference in f64 on plain slices of equal length.
 pub fn reference(act: Activation, gate: &[f32], up: &[f32]) -> Vec<f64> {
-    gate.iter().zip(up).map(|(&g, &u)| act.apply(g as f64) * u as f64).collect()
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| act.apply(g as f64) * u as f64)
+        .collect()
 }

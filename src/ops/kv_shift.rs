@@ -64,7 +64,11 @@ pub fn variants() -> Vec<Variant> {
         .iter()
         .map(|&wg| {
             let k = key(wg);
-            Variant { shader: k.shader, entry: k.entry, defines: k.defines }
+            Variant {
+                shader: k.shader,
+                entry: k.entry,
+                defines: k.defines,
+            }
         })
         .collect()
 }
@@ -96,13 +100,28 @@ pub fn encode(
         label: Some(&pipe.key.label()),
         layout: &pipe.layout,
         entries: &[
-            wgpu::BindGroupEntry { binding: 0, resource: params_buf.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 1, resource: k_cache.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 2, resource: scratch.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 3, resource: cos_sin.as_entire_binding() },
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: params_buf.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: k_cache.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: scratch.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 3,
+                resource: cos_sin.as_entire_binding(),
+            },
         ],
     });
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kv_shift"), timestamp_writes: None });
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some("kv_shift"),
+        timestamp_writes: None,
+    });
     pass.set_pipeline(&pipe.pipeline);
     pass.set_bind_group(0, &bind, &[]);
     pass.dispatch_workgroups(grid[0], grid[1], grid[2]);

@@ -48,7 +48,11 @@ pub fn key(workgroup_size: u32) -> PipelineKey {
 
 pub fn variants() -> Vec<Variant> {
     let k = key(WORKGROUP_SIZE);
-    vec![Variant { shader: k.shader, entry: k.entry, defines: k.defines }]
+    vec![Variant {
+        shader: k.shader,
+        entry: k.entry,
+        defines: k.defines,
+    }]
 }
 
 /// Words of the bitset for `n_vocab` tokens.
@@ -70,17 +74,38 @@ pub fn cpu_mask(logits: &mut [f32], mask: &[u32]) {
 ///
 /// - `mask`: `(ceil(n_vocab / 32))` u32, bit set = allowed
 /// - `logits`: `(n_vocab)` f32, written in place
-pub fn prepare(rec: &mut Recorder, logits: &wgpu::Buffer, mask: &wgpu::Buffer, n_vocab: u32) -> Result<()> {
+pub fn prepare(
+    rec: &mut Recorder,
+    logits: &wgpu::Buffer,
+    mask: &wgpu::Buffer,
+    n_vocab: u32,
+) -> Result<()> {
     let ctx = rec.ctx;
     super::argmax::check_logits(ctx, logits, n_vocab)?;
     let pipe = ctx.pipeline(&key(ctx.limits.workgroup_size(WORKGROUP_SIZE)))?;
     let groups = (n_vocab as u64).div_ceil(pipe.decisions.workgroup_size as u64);
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
-    let ubuf = rec.uniform(&pipe.key.label(), &MaskParams { n_vocab, masked: f32::NEG_INFINITY, ..Default::default() });
+    let ubuf = rec.uniform(
+        &pipe.key.label(),
+        &MaskParams {
+            n_vocab,
+            masked: f32::NEG_INFINITY,
+            ..Default::default()
+        },
+    );
     let entries = [
-        wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 1, resource: super::argmax::head(mask, mask_words(n_vocab) as u64 * 4) },
-        wgpu::BindGroupEntry { binding: 2, resource: super::argmax::head(logits, n_vocab as u64 * 4) },
+        wgpu::BindGroupEntry {
+            binding: 0,
+            resource: ubuf.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 1,
+            resource: super::argmax::head(mask, mask_words(n_vocab) as u64 * 4),
+        },
+        wgpu::BindGroupEntry {
+            binding: 2,
+            resource: super::argmax::head(logits, n_vocab as u64 * 4),
+        },
     ];
     rec.push("mask", &pipe, &entries, grid);
     Ok(())
@@ -98,13 +123,18 @@ impl TokenMask {
         let mask = ctx.empty_storage("token mask", mask_words(n_vocab) as u64 * 4)?;
         let mut rec = Recorder::new(ctx);
         prepare(&mut rec, logits, &mask, n_vocab)?;
-        Ok(TokenMask { n_vocab, mask, prepared: rec.finish() })
+        Ok(TokenMask {
+            n_vocab,
+            mask,
+            prepared: rec.finish(),
+        })
     }
 
     /// Queue this step's bitset (`mask_words(n_vocab)` words; lands before the next submit).
     pub fn write(&self, ctx: &GpuContext, words: &[u32]) {
         let n = (mask_words(self.n_vocab) as usize).min(words.len());
-        ctx.queue.write_buffer(&self.mask, 0, bytemuck::cast_slice(&words[..n]));
+        ctx.queue
+            .write_buffer(&self.mask, 0, bytemuck::cast_slice(&words[..n]));
     }
 
     /// Record the prepared dispatch into the token's pass.

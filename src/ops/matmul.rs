@@ -25,10 +25,10 @@
 
 use std::mem::offset_of;
 
+use super::glu::Activation;
 use super::{Variant, WgslParams};
 use crate::error::{Error, ErrorCode, Result};
 use crate::gguf::GgmlType;
-use super::glu::Activation;
 use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
 
 pub const SHADER: &str = "matmul.wgsl";
@@ -150,14 +150,30 @@ impl MatmulConfig {
 
     /// Cooperative rows: `threads_per_row` threads split a row's units and reduce in workgroup
     /// memory.
-    pub const fn cooperative(workgroup_size: u32, threads_per_row: u32, tokens_per_thread: u32) -> Self {
-        MatmulConfig { interleaved: false, subgroup: false, ..Self::team(workgroup_size, threads_per_row, tokens_per_thread) }
+    pub const fn cooperative(
+        workgroup_size: u32,
+        threads_per_row: u32,
+        tokens_per_thread: u32,
+    ) -> Self {
+        MatmulConfig {
+            interleaved: false,
+            subgroup: false,
+            ..Self::team(workgroup_size, threads_per_row, tokens_per_thread)
+        }
     }
 
     /// A row team: `threads_per_row` threads take the row's items interleaved and add their sums
     /// with subgroup shuffles where the device has them (workgroup memory otherwise).
     pub const fn team(workgroup_size: u32, threads_per_row: u32, tokens_per_thread: u32) -> Self {
-        MatmulConfig { workgroup_size, threads_per_row, tokens_per_thread, interleaved: true, subgroup: true, x_vec4: false, unroll: 4 }
+        MatmulConfig {
+            workgroup_size,
+            threads_per_row,
+            tokens_per_thread,
+            interleaved: true,
+            subgroup: true,
+            x_vec4: false,
+            unroll: 4,
+        }
     }
 
     /// The GEMV shape for this device and any weight: simple on a CPU adapter, a 16-thread row
@@ -199,7 +215,11 @@ impl MatmulConfig {
     /// full subgroup.
     pub fn fit(mut self, ctx: &GpuContext) -> Self {
         self.workgroup_size = ctx.limits.workgroup_size(self.workgroup_size);
-        let mut tpr = self.threads_per_row.max(1).next_power_of_two().min(self.workgroup_size);
+        let mut tpr = self
+            .threads_per_row
+            .max(1)
+            .next_power_of_two()
+            .min(self.workgroup_size);
         while self.workgroup_size % tpr != 0 {
             tpr /= 2;
         }
@@ -213,7 +233,8 @@ impl MatmulConfig {
             && self.workgroup_size % ctx.adapter.subgroup_max_size.max(1) == 0;
         while tpr > 1
             && !self.subgroup
-            && self.workgroup_size * self.tokens_per_thread * 4 > ctx.limits.max_compute_workgroup_storage_size
+            && self.workgroup_size * self.tokens_per_thread * 4
+                > ctx.limits.max_compute_workgroup_storage_size
             && self.tokens_per_thread > 1
         {
             self.tokens_per_thread /= 2;
@@ -236,11 +257,19 @@ impl MatmulConfig {
 /// `wg256 tpr16 nt1 words sg`: what the bench prints and `--configs` parses.
 impl std::fmt::Display for MatmulConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "wg{} tpr{} nt{}", self.workgroup_size, self.threads_per_row, self.tokens_per_thread)?;
+        write!(
+            f,
+            "wg{} tpr{} nt{}",
+            self.workgroup_size, self.threads_per_row, self.tokens_per_thread
+        )?;
         if self.interleaved && self.unroll != 4 {
             write!(f, " u{}", self.unroll)?;
         }
-        for (on, name) in [(self.interleaved, "words"), (self.subgroup, "sg"), (self.x_vec4, "xvec4")] {
+        for (on, name) in [
+            (self.interleaved, "words"),
+            (self.subgroup, "sg"),
+            (self.x_vec4, "xvec4"),
+        ] {
             if on {
                 write!(f, " {name}")?;
             }
@@ -257,7 +286,10 @@ impl std::str::FromStr for MatmulConfig {
     fn from_str(s: &str) -> Result<Self> {
         let mut cfg = MatmulConfig::simple(1);
         for part in s.split([' ', ',']).filter(|p| !p.is_empty()) {
-            let num = |prefix: &str| part.strip_prefix(prefix).and_then(|v| v.parse::<u32>().ok());
+            let num = |prefix: &str| {
+                part.strip_prefix(prefix)
+                    .and_then(|v| v.parse::<u32>().ok())
+            };
             if let Some(v) = num("wg") {
                 cfg.workgroup_size = v;
             } else if let Some(v) = num("tpr") {
@@ -296,9 +328,16 @@ pub fn is_cpu_adapter(ctx: &GpuContext) -> bool {
 }
 
 fn type_define(ty: GgmlType) -> Result<&'static str> {
-    TYPES.iter().find(|(t, _)| *t == ty).map(|(_, d)| *d).ok_or_else(|| {
-        Error::new(ErrorCode::UnsupportedQuant, format!("tensor type {ty} has no GPU matmul kernel"))
-    })
+    TYPES
+        .iter()
+        .find(|(t, _)| *t == ty)
+        .map(|(_, d)| *d)
+        .ok_or_else(|| {
+            Error::new(
+                ErrorCode::UnsupportedQuant,
+                format!("tensor type {ty} has no GPU matmul kernel"),
+            )
+        })
 }
 
 /// The pipeline key of a type and shape.
@@ -313,7 +352,11 @@ pub fn key(ty: GgmlType, cfg: MatmulConfig) -> Result<PipelineKey> {
     if cfg.threads_per_row > 1 {
         k = k.define("COOP", "");
     }
-    for (on, name) in [(cfg.interleaved, "WORDS"), (cfg.subgroup, "SUBGROUP"), (cfg.x_vec4, "XVEC4")] {
+    for (on, name) in [
+        (cfg.interleaved, "WORDS"),
+        (cfg.subgroup, "SUBGROUP"),
+        (cfg.x_vec4, "XVEC4"),
+    ] {
         if on {
             k = k.define(name, "");
         }
@@ -326,7 +369,11 @@ pub fn key(ty: GgmlType, cfg: MatmulConfig) -> Result<PipelineKey> {
 
 /// Read a `u32` define back from a key (the dispatch reads the shape the shader was built with).
 fn key_u32(key: &PipelineKey, name: &str) -> u32 {
-    key.defines.iter().find(|(k, _)| k == name).and_then(|(_, v)| v.trim_end_matches('u').parse().ok()).unwrap_or(1)
+    key.defines
+        .iter()
+        .find(|(k, _)| k == name)
+        .and_then(|(_, v)| v.trim_end_matches('u').parse().ok())
+        .unwrap_or(1)
 }
 
 /// The shapes the engine may pick, for every type (the naga test compiles each).
@@ -339,12 +386,22 @@ pub fn variants() -> Vec<Variant> {
         MatmulConfig::cooperative(64, 4, 3),
     ];
     // The row teams, with and without subgroups and vec4 X, and the cooperative shape with vec4 X.
-    shapes.push(MatmulConfig { x_vec4: true, ..MatmulConfig::cooperative(256, 8, 1) });
-    shapes.push(MatmulConfig { unroll: 8, ..MatmulConfig::team(256, 32, 1) });
+    shapes.push(MatmulConfig {
+        x_vec4: true,
+        ..MatmulConfig::cooperative(256, 8, 1)
+    });
+    shapes.push(MatmulConfig {
+        unroll: 8,
+        ..MatmulConfig::team(256, 32, 1)
+    });
     for (tpr, nt) in [(8, 1), (16, 1), (32, 1), (16, 8)] {
         for subgroup in [false, true] {
             for x_vec4 in [false, true] {
-                shapes.push(MatmulConfig { subgroup, x_vec4, ..MatmulConfig::team(256, tpr, nt) });
+                shapes.push(MatmulConfig {
+                    subgroup,
+                    x_vec4,
+                    ..MatmulConfig::team(256, tpr, nt)
+                });
             }
         }
     }
@@ -352,13 +409,28 @@ pub fn variants() -> Vec<Variant> {
     for (ty, _) in TYPES {
         for &cfg in &shapes {
             let k = key(ty, cfg).expect("every listed type has a define");
-            v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+            v.push(Variant {
+                shader: k.shader,
+                entry: k.entry,
+                defines: k.defines,
+            });
         }
         // X fused from a GLU, with each activation, on the shapes decode uses.
-        for cfg in [MatmulConfig::simple(1), MatmulConfig::team(256, 16, 1), MatmulConfig { x_vec4: true, ..MatmulConfig::team(256, 32, 1) }] {
+        for cfg in [
+            MatmulConfig::simple(1),
+            MatmulConfig::team(256, 16, 1),
+            MatmulConfig {
+                x_vec4: true,
+                ..MatmulConfig::team(256, 32, 1)
+            },
+        ] {
             for act in [Activation::Silu, Activation::GeluTanh] {
                 let k = key_glu(ty, cfg, Some(act)).expect("every listed type has a define");
-                v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+                v.push(Variant {
+                    shader: k.shader,
+                    entry: k.entry,
+                    defines: k.defines,
+                });
             }
         }
     }
@@ -378,7 +450,17 @@ pub fn gemv(
     y: &wgpu::Buffer,
     y_offset: u64,
 ) -> Result<()> {
-    matmul(ctx, encoder, MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols), w, x, x_offset, y, y_offset, 1)
+    matmul(
+        ctx,
+        encoder,
+        MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols),
+        w,
+        x,
+        x_offset,
+        y,
+        y_offset,
+        1,
+    )
 }
 
 /// `Y[t, r] = sum_c W[r, c] * X[t, c]` for `n_tokens` tokens (prefill), in the device's GEMM
@@ -397,7 +479,11 @@ pub fn gemm(
     y_offset: u64,
     n_tokens: u32,
 ) -> Result<()> {
-    let cfg = if n_tokens == 1 { MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols) } else { MatmulConfig::gemm(ctx) };
+    let cfg = if n_tokens == 1 {
+        MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols)
+    } else {
+        MatmulConfig::gemm(ctx)
+    };
     matmul(ctx, encoder, cfg, w, x, x_offset, y, y_offset, n_tokens)
 }
 
@@ -423,7 +509,15 @@ pub fn matmul(
 /// token, the tiled GEMM ([`super::gemm`]) for a batch where it is the faster kernel, else this
 /// kernel's register shape.
 #[allow(clippy::too_many_arguments)]
-pub fn prepare_auto(rec: &mut Recorder, w: &GpuTensor, x: &wgpu::Buffer, x_offset: u64, y: &wgpu::Buffer, y_offset: u64, n_tokens: u32) -> Result<()> {
+pub fn prepare_auto(
+    rec: &mut Recorder,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    x_offset: u64,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    n_tokens: u32,
+) -> Result<()> {
     prepare_auto_strided(rec, w, x, x_offset, None, y, y_offset, None, n_tokens)
 }
 
@@ -444,10 +538,23 @@ pub fn prepare_auto_strided(
 ) -> Result<()> {
     if super::gemm::use_gemm(rec.ctx, n_tokens) {
         let cfg = super::gemm::GemmConfig::for_shape(rec.ctx, w.rows, n_tokens);
-        return super::gemm::prepare_strided(rec, cfg, w, x, x_offset, x_stride, y, y_offset, y_stride, n_tokens);
+        return super::gemm::prepare_strided(
+            rec, cfg, w, x, x_offset, x_stride, y, y_offset, y_stride, n_tokens,
+        );
     }
-    let cfg = if n_tokens == 1 { MatmulConfig::gemv_for(rec.ctx, w.ty, w.rows, w.cols) } else { MatmulConfig::gemm(rec.ctx) };
-    let io = Io { x, x_offset, x_stride: x_stride.unwrap_or(w.cols), y, y_offset, y_stride: y_stride.unwrap_or(w.rows) };
+    let cfg = if n_tokens == 1 {
+        MatmulConfig::gemv_for(rec.ctx, w.ty, w.rows, w.cols)
+    } else {
+        MatmulConfig::gemm(rec.ctx)
+    };
+    let io = Io {
+        x,
+        x_offset,
+        x_stride: x_stride.unwrap_or(w.cols),
+        y,
+        y_offset,
+        y_stride: y_stride.unwrap_or(w.rows),
+    };
     prepare_with(rec, cfg, w, &io, None, n_tokens)
 }
 
@@ -463,7 +570,14 @@ pub fn prepare(
     y_offset: u64,
     n_tokens: u32,
 ) -> Result<()> {
-    let io = Io { x, x_offset, x_stride: w.cols, y, y_offset, y_stride: w.rows };
+    let io = Io {
+        x,
+        x_offset,
+        x_stride: w.cols,
+        y,
+        y_offset,
+        y_stride: w.rows,
+    };
     prepare_with(rec, cfg, w, &io, None, n_tokens)
 }
 
@@ -483,9 +597,18 @@ pub fn prepare_glu(
     n_tokens: u32,
 ) -> Result<()> {
     if gate == up || gate == y || up == y {
-        return Err(Error::invalid("matmul glu: gate, up and y must be three buffers"));
+        return Err(Error::invalid(
+            "matmul glu: gate, up and y must be three buffers",
+        ));
     }
-    let io = Io { x: gate, x_offset, x_stride: w.cols, y, y_offset, y_stride: w.rows };
+    let io = Io {
+        x: gate,
+        x_offset,
+        x_stride: w.cols,
+        y,
+        y_offset,
+        y_stride: w.rows,
+    };
     prepare_with(rec, cfg, w, &io, Some((up, 0, act)), n_tokens)
 }
 
@@ -507,7 +630,9 @@ pub fn prepare_glu_fused(
     n_tokens: u32,
 ) -> Result<()> {
     if gu == y {
-        return Err(Error::invalid("matmul glu: the gate/up buffer cannot be the output"));
+        return Err(Error::invalid(
+            "matmul glu: the gate/up buffer cannot be the output",
+        ));
     }
     if up_delta < w.cols || x_stride < up_delta + w.cols {
         return Err(Error::invalid(format!(
@@ -515,7 +640,14 @@ pub fn prepare_glu_fused(
             w.cols
         )));
     }
-    let io = Io { x: gu, x_offset, x_stride, y, y_offset, y_stride: w.rows };
+    let io = Io {
+        x: gu,
+        x_offset,
+        x_stride,
+        y,
+        y_offset,
+        y_stride: w.rows,
+    };
     prepare_with(rec, cfg, w, &io, Some((gu, up_delta, act)), n_tokens)
 }
 
@@ -564,7 +696,12 @@ fn prepare_with(
     let wg = pipe.decisions.workgroup_size;
     let rpw = wg / key_u32(&pipe.key, "TPR");
     let nt = key_u32(&pipe.key, "NT");
-    let too_big = |what: &str, v: u64| Error::invalid(format!("matmul {}: {what} = {v} does not fit in u32", w.name));
+    let too_big = |what: &str, v: u64| {
+        Error::invalid(format!(
+            "matmul {}: {what} = {v} does not fit in u32",
+            w.name
+        ))
+    };
     let u32_of = |what: &str, v: u64| u32::try_from(v).map_err(|_| too_big(what, v));
     // The last element each binding is indexed at must fit the shader's u32 arithmetic.
     u32_of("x end", io.x_offset + delta + n_tokens as u64 * io.x_stride)?;
@@ -593,13 +730,28 @@ fn prepare_with(
         };
         let ubuf = rec.uniform(&label, &params);
         let mut entries = vec![
-            wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 1, resource: part.buffer.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 2, resource: io.x.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 3, resource: io.y.as_entire_binding() },
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: ubuf.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: part.buffer.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: io.x.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 3,
+                resource: io.y.as_entire_binding(),
+            },
         ];
         if let Some((up, _, _)) = glu {
-            entries.push(wgpu::BindGroupEntry { binding: 4, resource: up.as_entire_binding() });
+            entries.push(wgpu::BindGroupEntry {
+                binding: 4,
+                resource: up.as_entire_binding(),
+            });
         }
         rec.push("matmul", &pipe, &entries, grid);
     }

@@ -79,7 +79,11 @@ impl BenchOptions {
     pub fn full() -> Self {
         BenchOptions {
             types: matmul::TYPES.iter().map(|(t, _)| *t).collect(),
-            shapes: GEMMA3_270M.iter().chain(LLAMA3_8B.iter()).copied().collect(),
+            shapes: GEMMA3_270M
+                .iter()
+                .chain(LLAMA3_8B.iter())
+                .copied()
+                .collect(),
             configs: None,
             target_secs: 0.2,
             max_iters: 2000,
@@ -88,7 +92,12 @@ impl BenchOptions {
 
     /// Small shapes and short runs: the whole table in a minute or two on lavapipe.
     pub fn quick() -> Self {
-        BenchOptions { shapes: QUICK.to_vec(), target_secs: 0.02, max_iters: 200, ..Self::full() }
+        BenchOptions {
+            shapes: QUICK.to_vec(),
+            target_secs: 0.02,
+            max_iters: 200,
+            ..Self::full()
+        }
     }
 }
 
@@ -151,7 +160,11 @@ pub fn variants() -> Vec<Variant> {
         .into_iter()
         .map(|entry| {
             let k = PipelineKey::new(SHADER, entry).workgroup_size(COPY_WG);
-            Variant { shader: k.shader, entry: k.entry, defines: k.defines }
+            Variant {
+                shader: k.shader,
+                entry: k.entry,
+                defines: k.defines,
+            }
         })
         .collect()
 }
@@ -166,7 +179,10 @@ fn now_ms() -> f64 {
     {
         use std::sync::OnceLock;
         static T0: OnceLock<std::time::Instant> = OnceLock::new();
-        T0.get_or_init(std::time::Instant::now).elapsed().as_secs_f64() * 1e3
+        T0.get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_secs_f64()
+            * 1e3
     }
 }
 
@@ -178,7 +194,11 @@ async fn time_batch(
     iters: u32,
     record: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>,
 ) -> Result<f64> {
-    let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("bench") });
+    let mut enc = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("bench"),
+        });
     for _ in 0..iters {
         record(&mut enc)?;
     }
@@ -202,7 +222,8 @@ async fn time_adaptive(
     let probe = 4.min(max_iters.max(1));
     let secs = time_batch(ctx, sync, probe, record).await?;
     let per = secs / probe as f64;
-    let iters = ((target_secs / per.max(1e-9)).ceil() as u64).clamp(probe as u64, max_iters.max(1) as u64) as u32;
+    let iters = ((target_secs / per.max(1e-9)).ceil() as u64)
+        .clamp(probe as u64, max_iters.max(1) as u64) as u32;
     if iters == probe {
         return Ok((probe, secs));
     }
@@ -211,13 +232,21 @@ async fn time_adaptive(
 
 /// A copy and a read of `bytes` (rounded down to 16, capped at the largest binding): GB/s of
 /// (read + written) bytes for the copy and of read bytes for the read.
-pub async fn bench_copy(ctx: &GpuContext, bytes: u64, target_secs: f64, max_iters: u32) -> Result<(f64, f64)> {
+pub async fn bench_copy(
+    ctx: &GpuContext,
+    bytes: u64,
+    target_secs: f64,
+    max_iters: u32,
+) -> Result<(f64, f64)> {
     let bytes = (bytes.min(ctx.limits.max_binding()) / 16 * 16).max(16);
-    let n = u32::try_from(bytes / 16).map_err(|_| Error::invalid(format!("bench copy of {bytes} bytes is too large")))?;
+    let n = u32::try_from(bytes / 16)
+        .map_err(|_| Error::invalid(format!("bench copy of {bytes} bytes is too large")))?;
     // Non-zero data (a GPU may compress zeros): a 256 KiB pattern copied over the source.
     let src = ctx.empty_storage("bench copy src", bytes)?;
     let dst = ctx.empty_storage("bench copy dst", bytes)?;
-    let pattern: Vec<u32> = (0..(1u32 << 16)).map(|i| i.wrapping_mul(0x9E37_79B9) ^ (i >> 3) | 1).collect();
+    let pattern: Vec<u32> = (0..(1u32 << 16))
+        .map(|i| i.wrapping_mul(0x9E37_79B9) ^ (i >> 3) | 1)
+        .collect();
     let seed = ctx.storage_buffer("bench copy pattern", bytemuck::cast_slice(&pattern));
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     let mut at = 0u64;
@@ -232,21 +261,45 @@ pub async fn bench_copy(ctx: &GpuContext, bytes: u64, target_secs: f64, max_iter
     let mut result = [0.0; 2];
     for (i, entry) in ["copy", "stream"].into_iter().enumerate() {
         let pipe = ctx.pipeline(&copy_key(ctx, entry))?;
-        let threads = if entry == "copy" { n } else { n.div_ceil(READ_PER_THREAD) };
-        let params = BenchCopyParams { n, per_thread: READ_PER_THREAD, threads, pad0: 0 };
+        let threads = if entry == "copy" {
+            n
+        } else {
+            n.div_ceil(READ_PER_THREAD)
+        };
+        let params = BenchCopyParams {
+            n,
+            per_thread: READ_PER_THREAD,
+            threads,
+            pad0: 0,
+        };
         let ubuf = ctx.uniform_buffer_owned("bench copy params", &params);
         let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(entry),
             layout: &pipe.layout,
             entries: &[
-                wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 1, resource: src.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 2, resource: dst.as_entire_binding() },
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: ubuf.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: src.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: dst.as_entire_binding(),
+                },
             ],
         });
-        let grid = grid_2d((threads as u64).div_ceil(wg as u64), ctx.limits.max_compute_workgroups_per_dimension)?;
+        let grid = grid_2d(
+            (threads as u64).div_ceil(wg as u64),
+            ctx.limits.max_compute_workgroups_per_dimension,
+        )?;
         let record = |enc: &mut wgpu::CommandEncoder| -> Result<()> {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(entry),
+                timestamp_writes: None,
+            });
             pass.set_pipeline(&pipe.pipeline);
             pass.set_bind_group(0, &bind, &[]);
             pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
@@ -270,12 +323,25 @@ async fn bench_one(
     opts: &BenchOptions,
 ) -> Result<BenchRow> {
     let row_bytes = ty.row_bytes(shape.cols).unwrap_or(0) as usize;
-    let w = upload_tensor(ctx, shape.name, ty, shape.cols, shape.rows, &gguf[..row_bytes * shape.rows as usize], ctx.limits.max_binding())?;
-    let cfg = cfg.unwrap_or_else(|| MatmulConfig::gemv_for(ctx, ty, shape.rows, shape.cols)).fit(ctx);
-    let xs: Vec<f32> = (0..shape.cols).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+    let w = upload_tensor(
+        ctx,
+        shape.name,
+        ty,
+        shape.cols,
+        shape.rows,
+        &gguf[..row_bytes * shape.rows as usize],
+        ctx.limits.max_binding(),
+    )?;
+    let cfg = cfg
+        .unwrap_or_else(|| MatmulConfig::gemv_for(ctx, ty, shape.rows, shape.cols))
+        .fit(ctx);
+    let xs: Vec<f32> = (0..shape.cols)
+        .map(|i| ((i % 17) as f32 - 8.0) / 8.0)
+        .collect();
     let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&xs));
     let y = ctx.empty_storage("bench y", shape.rows * 4)?;
-    let record = |enc: &mut wgpu::CommandEncoder| matmul::matmul(ctx, enc, cfg, &w, &x, 0, &y, 0, 1);
+    let record =
+        |enc: &mut wgpu::CommandEncoder| matmul::matmul(ctx, enc, cfg, &w, &x, 0, &y, 0, 1);
     let (iters, secs) = time_adaptive(ctx, &y, opts.target_secs, opts.max_iters, &record).await?;
     let bytes = w.gpu_bytes();
     Ok(BenchRow {
@@ -295,19 +361,33 @@ async fn bench_one(
 }
 
 /// Run the table, handing each row to `on_row` as it is measured (the CLI prints as it goes).
-pub async fn run(ctx: &GpuContext, opts: &BenchOptions, on_row: &mut dyn FnMut(&BenchRow)) -> Result<Vec<BenchRow>> {
+pub async fn run(
+    ctx: &GpuContext,
+    opts: &BenchOptions,
+    on_row: &mut dyn FnMut(&BenchRow),
+) -> Result<Vec<BenchRow>> {
     let mut rows = Vec::new();
     // Copy references by byte count (rounded to 1 KiB: the same size class measures the same).
     let mut copies: HashMap<u64, (f64, f64)> = HashMap::new();
     for &ty in &opts.types {
         // One pool of valid blocks per type, as large as the largest shape: every shape's GGUF
         // bytes are a prefix of it (blocks do not depend on the row length).
-        let most = opts.shapes.iter().filter(|s| s.cols % ty.block_elems() == 0).map(|s| ty.row_bytes(s.cols).unwrap_or(0) * s.rows).max().unwrap_or(0);
+        let most = opts
+            .shapes
+            .iter()
+            .filter(|s| s.cols % ty.block_elems() == 0)
+            .map(|s| ty.row_bytes(s.cols).unwrap_or(0) * s.rows)
+            .max()
+            .unwrap_or(0);
         let values = most / ty.block_bytes().max(1) * ty.block_elems();
         let gguf = synthetic_rows(ty, values, 1, ty.id() as u64 + 7);
         // A shape whose rows are not whole blocks of `ty` cannot hold it (Gemma's 640 columns
         // and the 256-value K-quant blocks): models store such tensors in another type.
-        for &shape in opts.shapes.iter().filter(|s| s.cols % ty.block_elems() == 0) {
+        for &shape in opts
+            .shapes
+            .iter()
+            .filter(|s| s.cols % ty.block_elems() == 0)
+        {
             let configs: Vec<Option<MatmulConfig>> = match &opts.configs {
                 Some(c) => c.iter().copied().map(Some).collect(),
                 None => vec![None],
@@ -318,7 +398,8 @@ pub async fn run(ctx: &GpuContext, opts: &BenchOptions, on_row: &mut dyn FnMut(&
                 let (copy, read) = match copies.get(&key) {
                     Some(&c) => c,
                     None => {
-                        let c = bench_copy(ctx, row.weight_bytes, opts.target_secs, opts.max_iters).await?;
+                        let c = bench_copy(ctx, row.weight_bytes, opts.target_secs, opts.max_iters)
+                            .await?;
                         copies.insert(key, c);
                         c
                     }

@@ -63,12 +63,29 @@ pub fn all_variants() -> Vec<Variant> {
 }
 
 /// `(wgsl name, fields, size, shader)` of every params struct, for the layout test.
-pub fn all_params() -> Vec<(&'static str, &'static [(&'static str, usize)], usize, &'static str)> {
-    fn entry<T: WgslParams>() -> (&'static str, &'static [(&'static str, usize)], usize, &'static str) {
+pub fn all_params() -> Vec<(
+    &'static str,
+    &'static [(&'static str, usize)],
+    usize,
+    &'static str,
+)> {
+    fn entry<T: WgslParams>() -> (
+        &'static str,
+        &'static [(&'static str, usize)],
+        usize,
+        &'static str,
+    ) {
         (T::WGSL_NAME, T::FIELDS, std::mem::size_of::<T>(), T::SHADER)
     }
-    let mut v = vec![entry::<kv_shift::KvShiftParams>(), entry::<matmul::MatmulParams>()];
-    v.extend([entry::<argmax::ArgmaxParams>(), entry::<topk::TopkParams>(), entry::<penalty::PenaltyParams>()]);
+    let mut v = vec![
+        entry::<kv_shift::KvShiftParams>(),
+        entry::<matmul::MatmulParams>(),
+    ];
+    v.extend([
+        entry::<argmax::ArgmaxParams>(),
+        entry::<topk::TopkParams>(),
+        entry::<penalty::PenaltyParams>(),
+    ]);
     v.push(entry::<mask::MaskParams>());
     v.extend([
         entry::<embed::EmbedParams>(),

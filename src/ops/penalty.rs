@@ -57,7 +57,11 @@ pub fn variants() -> Vec<Variant> {
         .iter()
         .map(|&wg| {
             let k = key(wg);
-            Variant { shader: k.shader, entry: k.entry, defines: k.defines }
+            Variant {
+                shader: k.shader,
+                entry: k.entry,
+                defines: k.defines,
+            }
         })
         .collect()
 }
@@ -69,9 +73,17 @@ pub fn is_active(repeat: f32, frequency: f32, presence: f32) -> bool {
 
 /// The CPU reference, llama.cpp's `llama_sampler_penalties_apply` on a full logits vector.
 /// `pairs` are distinct `(id, count)`; ids beyond the vocabulary are ignored.
-pub fn cpu_penalties(logits: &mut [f32], pairs: &[(u32, u32)], repeat: f32, frequency: f32, presence: f32) {
+pub fn cpu_penalties(
+    logits: &mut [f32],
+    pairs: &[(u32, u32)],
+    repeat: f32,
+    frequency: f32,
+    presence: f32,
+) {
     for &(id, count) in pairs {
-        let Some(l) = logits.get_mut(id as usize) else { continue };
+        let Some(l) = logits.get_mut(id as usize) else {
+            continue;
+        };
         if count == 0 {
             continue;
         }
@@ -113,14 +125,34 @@ pub struct Penalties {
 
 impl Penalties {
     /// For the first `n_vocab` f32 of `logits`, with room for `capacity` pairs to start with.
-    pub fn new(ctx: &GpuContext, logits: &wgpu::Buffer, n_vocab: u32, capacity: u32) -> Result<Self> {
+    pub fn new(
+        ctx: &GpuContext,
+        logits: &wgpu::Buffer,
+        n_vocab: u32,
+        capacity: u32,
+    ) -> Result<Self> {
         super::argmax::check_logits(ctx, logits, n_vocab)?;
         let pipe = ctx.pipeline(&key(WORKGROUP_SIZE))?;
-        let params = ctx.uniform_buffer_owned("penalty params", &PenaltyParams { n_vocab, repeat: 1.0, ..Default::default() });
+        let params = ctx.uniform_buffer_owned(
+            "penalty params",
+            &PenaltyParams {
+                n_vocab,
+                repeat: 1.0,
+                ..Default::default()
+            },
+        );
         let capacity = capacity.max(16);
         let pairs = ctx.empty_storage("penalty pairs", capacity as u64 * 8)?;
         let bind = Self::bind(ctx, &pipe, &params, &pairs, logits, n_vocab);
-        Ok(Penalties { n_vocab, pipe, params, pairs, capacity, bind, n_pairs: 0 })
+        Ok(Penalties {
+            n_vocab,
+            pipe,
+            params,
+            pairs,
+            capacity,
+            bind,
+            n_pairs: 0,
+        })
     }
 
     fn bind(
@@ -135,9 +167,18 @@ impl Penalties {
             label: Some(&pipe.key.label()),
             layout: &pipe.layout,
             entries: &[
-                wgpu::BindGroupEntry { binding: 0, resource: params.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 1, resource: pairs.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 2, resource: super::argmax::head(logits, n_vocab as u64 * 4) },
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: params.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: pairs.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: super::argmax::head(logits, n_vocab as u64 * 4),
+                },
             ],
         })
     }
@@ -156,15 +197,31 @@ impl Penalties {
         if pairs.len() as u32 > self.capacity {
             self.capacity = (pairs.len() as u32).next_power_of_two();
             self.pairs = ctx.empty_storage("penalty pairs", self.capacity as u64 * 8)?;
-            self.bind = Self::bind(ctx, &self.pipe, &self.params, &self.pairs, logits, self.n_vocab);
+            self.bind = Self::bind(
+                ctx,
+                &self.pipe,
+                &self.params,
+                &self.pairs,
+                logits,
+                self.n_vocab,
+            );
         }
         self.n_pairs = pairs.len() as u32;
         if !pairs.is_empty() {
             let flat: Vec<u32> = pairs.iter().flat_map(|&(id, c)| [id, c]).collect();
-            ctx.queue.write_buffer(&self.pairs, 0, bytemuck::cast_slice(&flat));
+            ctx.queue
+                .write_buffer(&self.pairs, 0, bytemuck::cast_slice(&flat));
         }
-        let p = PenaltyParams { n_pairs: self.n_pairs, n_vocab: self.n_vocab, repeat, frequency, presence, ..Default::default() };
-        ctx.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
+        let p = PenaltyParams {
+            n_pairs: self.n_pairs,
+            n_vocab: self.n_vocab,
+            repeat,
+            frequency,
+            presence,
+            ..Default::default()
+        };
+        ctx.queue
+            .write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
         Ok(())
     }
 
@@ -182,7 +239,10 @@ impl Penalties {
     }
 
     pub fn encode(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("penalty"), timestamp_writes: None });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("penalty"),
+            timestamp_writes: None,
+        });
         self.encode_pass(ctx, &mut pass)
     }
 }

@@ -78,7 +78,11 @@ pub fn variants() -> Vec<Variant> {
         for src in [false, true] {
             for wg in [32u32, 64, 128] {
                 let k = key_src(norm, src, wg);
-                v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+                v.push(Variant {
+                    shader: k.shader,
+                    entry: k.entry,
+                    defines: k.defines,
+                });
             }
         }
     }
@@ -94,7 +98,8 @@ pub fn workgroup_size(ctx: &GpuContext, head_dim: u32) -> u32 {
 }
 
 fn u32_of(what: &str, v: u64) -> Result<u32> {
-    u32::try_from(v).map_err(|_| Error::invalid(format!("qk_rope: {what} = {v} does not fit in u32")))
+    u32::try_from(v)
+        .map_err(|_| Error::invalid(format!("qk_rope: {what} = {v} does not fit in u32")))
 }
 
 /// Where q, k and v are, and where k and v go.
@@ -146,14 +151,43 @@ pub fn prepare_fused(
 ) -> Result<()> {
     let hd = table.config.head_dim as u64;
     if f.src == f.q_out {
-        return Err(Error::invalid("qk_rope: the roped q must go to a buffer other than the source"));
+        return Err(Error::invalid(
+            "qk_rope: the roped q must go to a buffer other than the source",
+        ));
     }
-    let cols = [(f.q_col, n_head as u64), (f.k_col, n_kv_head as u64), (f.v_col, n_kv_head as u64)];
+    let cols = [
+        (f.q_col, n_head as u64),
+        (f.k_col, n_kv_head as u64),
+        (f.v_col, n_kv_head as u64),
+    ];
     if cols.iter().any(|&(c, heads)| c + heads * hd > f.stride) {
-        return Err(Error::invalid(format!("qk_rope: q, k, v columns {cols:?} do not fit rows of {}", f.stride)));
+        return Err(Error::invalid(format!(
+            "qk_rope: q, k, v columns {cols:?} do not fit rows of {}",
+            f.stride
+        )));
     }
-    let b = QkvBuffers { q: f.q_out, q_offset: f.q_col, k: f.src, k_offset: f.k_col, v: f.src, v_offset: f.v_col, k_cache: f.k_cache, v_cache: f.v_cache };
-    prepare_inner(rec, table, &b, Some(f.stride), n_tokens, n_head, n_kv_head, norm, pos0, step)
+    let b = QkvBuffers {
+        q: f.q_out,
+        q_offset: f.q_col,
+        k: f.src,
+        k_offset: f.k_col,
+        v: f.src,
+        v_offset: f.v_col,
+        k_cache: f.k_cache,
+        v_cache: f.v_cache,
+    };
+    prepare_inner(
+        rec,
+        table,
+        &b,
+        Some(f.stride),
+        n_tokens,
+        n_head,
+        n_kv_head,
+        norm,
+        pos0,
+        step,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -169,9 +203,13 @@ pub fn prepare(
     step: &wgpu::Buffer,
 ) -> Result<()> {
     if b.q == b.k || b.q == b.v {
-        return Err(Error::invalid("qk_rope: q is written in place, so k and v must be other buffers"));
+        return Err(Error::invalid(
+            "qk_rope: q is written in place, so k and v must be other buffers",
+        ));
     }
-    prepare_inner(rec, table, b, None, n_tokens, n_head, n_kv_head, norm, pos0, step)
+    prepare_inner(
+        rec, table, b, None, n_tokens, n_head, n_kv_head, norm, pos0, step,
+    )
 }
 
 /// `src_stride`: `Some` for the `SRC` variant (`b.k` is the source of q, k and v; `b.q` the
@@ -206,10 +244,18 @@ fn prepare_inner(
     }
     if let Some((w, _)) = norm {
         if w.size() < 2 * head_dim * 4 {
-            return Err(Error::invalid(format!("qk_rope: the norm weights hold {} bytes, {} needed", w.size(), 2 * head_dim * 4)));
+            return Err(Error::invalid(format!(
+                "qk_rope: the norm weights hold {} bytes, {} needed",
+                w.size(),
+                2 * head_dim * 4
+            )));
         }
     }
-    let pipe = ctx.pipeline(&key_src(norm.is_some(), src_stride.is_some(), workgroup_size(ctx, c.head_dim as u32)))?;
+    let pipe = ctx.pipeline(&key_src(
+        norm.is_some(),
+        src_stride.is_some(),
+        workgroup_size(ctx, c.head_dim as u32),
+    ))?;
     let params = QkRopeParams {
         n_tokens,
         n_head,
@@ -232,19 +278,46 @@ fn prepare_inner(
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
     let mut entries = vec![
-        wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 1, resource: b.q.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 2, resource: table.buffer.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 3, resource: b.k.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 5, resource: b.k_cache.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 6, resource: b.v_cache.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 7, resource: step.as_entire_binding() },
+        wgpu::BindGroupEntry {
+            binding: 0,
+            resource: ubuf.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 1,
+            resource: b.q.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 2,
+            resource: table.buffer.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 3,
+            resource: b.k.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 5,
+            resource: b.k_cache.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 6,
+            resource: b.v_cache.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 7,
+            resource: step.as_entire_binding(),
+        },
     ];
     if src_stride.is_none() {
-        entries.push(wgpu::BindGroupEntry { binding: 4, resource: b.v.as_entire_binding() });
+        entries.push(wgpu::BindGroupEntry {
+            binding: 4,
+            resource: b.v.as_entire_binding(),
+        });
     }
     if let Some((w, _)) = norm {
-        entries.push(wgpu::BindGroupEntry { binding: 8, resource: w.as_entire_binding() });
+        entries.push(wgpu::BindGroupEntry {
+            binding: 8,
+            resource: w.as_entire_binding(),
+        });
     }
     rec.push("qk_rope", &pipe, &entries, grid);
     Ok(())
@@ -264,18 +337,40 @@ pub fn encode(
     pos0: u32,
 ) -> Result<()> {
     let mut rec = Recorder::new(ctx);
-    prepare(&mut rec, table, b, n_tokens, n_head, n_kv_head, norm, pos0, ctx.zero_step())?;
+    prepare(
+        &mut rec,
+        table,
+        b,
+        n_tokens,
+        n_head,
+        n_kv_head,
+        norm,
+        pos0,
+        ctx.zero_step(),
+    )?;
     rec.encode(encoder)
 }
 
 /// CPU reference: `(q out, k rows as cached)` for `q (T, n_head, head_dim)`, `k (T, n_kv_head,
 /// head_dim)`, norm weights `(2, head_dim)` when given; positions `pos0 + t`.
-pub fn reference(table: &RopeTable, q: &[f32], k: &[f32], n_head: usize, n_kv_head: usize, norm: Option<(&[f32], f32)>, pos0: u32) -> (Vec<f32>, Vec<f32>) {
+pub fn reference(
+    table: &RopeTable,
+    q: &[f32],
+    k: &[f32],
+    n_head: usize,
+    n_kv_head: usize,
+    norm: Option<(&[f32], f32)>,
+    pos0: u32,
+) -> (Vec<f32>, Vec<f32>) {
     let hd = table.config.head_dim;
     let normed = |x: &[f32], w: Option<&[f32]>, eps: f32| -> Vec<f32> {
         match w {
             None => x.to_vec(),
-            Some(w) => super::rmsnorm::reference(x, None, Some(w), hd, eps).0.iter().map(|&v| v as f32).collect(),
+            Some(w) => super::rmsnorm::reference(x, None, Some(w), hd, eps)
+                .0
+                .iter()
+                .map(|&v| v as f32)
+                .collect(),
         }
     };
     let (wq, wk, eps) = match norm {

@@ -59,8 +59,20 @@ pub struct RmsNormVariant {
 
 pub fn key(v: RmsNormVariant) -> PipelineKey {
     let mut k = PipelineKey::new(SHADER, ENTRY).workgroup_size(v.workgroup_size);
-    k = k.define("X_ACCESS", if v.add || v.out_is_x { "read_write" } else { "read" });
-    for (on, name) in [(v.weight, "WEIGHT"), (v.add, "ADD"), (v.add && v.add_norm, "ADD_NORM"), (v.out_is_x, "OUT_IS_X")] {
+    k = k.define(
+        "X_ACCESS",
+        if v.add || v.out_is_x {
+            "read_write"
+        } else {
+            "read"
+        },
+    );
+    for (on, name) in [
+        (v.weight, "WEIGHT"),
+        (v.add, "ADD"),
+        (v.add && v.add_norm, "ADD_NORM"),
+        (v.out_is_x, "OUT_IS_X"),
+    ] {
         if on {
             k = k.define(name, "");
         }
@@ -71,7 +83,11 @@ pub fn key(v: RmsNormVariant) -> PipelineKey {
 /// The workgroup size for this device: a power of two (the tree reduction halves it), 64 on a
 /// CPU adapter (fewer idle lanes per barrier), 256 elsewhere, within the limits.
 pub fn workgroup_size(ctx: &GpuContext) -> u32 {
-    let want = if super::matmul::is_cpu_adapter(ctx) { 64 } else { 256 };
+    let want = if super::matmul::is_cpu_adapter(ctx) {
+        64
+    } else {
+        256
+    };
     let wg = ctx.limits.workgroup_size(want);
     1 << (31 - wg.leading_zeros())
 }
@@ -85,16 +101,27 @@ pub fn variants() -> Vec<Variant> {
             if add_norm && !add {
                 continue;
             }
-            let v = RmsNormVariant { weight: bits & 1 != 0, add, add_norm, out_is_x: bits & 4 != 0, workgroup_size: wg };
+            let v = RmsNormVariant {
+                weight: bits & 1 != 0,
+                add,
+                add_norm,
+                out_is_x: bits & 4 != 0,
+                workgroup_size: wg,
+            };
             let k = key(v);
-            out.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+            out.push(Variant {
+                shader: k.shader,
+                entry: k.entry,
+                defines: k.defines,
+            });
         }
     }
     out
 }
 
 fn u32_of(what: &str, v: u64) -> Result<u32> {
-    u32::try_from(v).map_err(|_| Error::invalid(format!("rmsnorm: {what} = {v} does not fit in u32")))
+    u32::try_from(v)
+        .map_err(|_| Error::invalid(format!("rmsnorm: {what} = {v} does not fit in u32")))
 }
 
 /// RMSNorm of `n_rows` rows of `row_len`, optionally after `x += add`.
@@ -119,7 +146,9 @@ pub fn encode(
     eps: f32,
 ) -> Result<()> {
     let mut rec = Recorder::new(ctx);
-    prepare(&mut rec, x, x_offset, add, w, out, out_offset, n_rows, row_len, eps)?;
+    prepare(
+        &mut rec, x, x_offset, add, w, out, out_offset, n_rows, row_len, eps,
+    )?;
     rec.encode(encoder)
 }
 
@@ -137,8 +166,15 @@ pub fn prepare(
     row_len: u32,
     eps: f32,
 ) -> Result<()> {
-    let add = add.map(|(buffer, offset)| Residual { buffer, offset, scale: 1.0, norm: None });
-    prepare_residual(rec, x, x_offset, add, w, out, out_offset, n_rows, row_len, eps)
+    let add = add.map(|(buffer, offset)| Residual {
+        buffer,
+        offset,
+        scale: 1.0,
+        norm: None,
+    });
+    prepare_residual(
+        rec, x, x_offset, add, w, out, out_offset, n_rows, row_len, eps,
+    )
 }
 
 /// The addend of a fused residual add: `x += rmsnorm(add) * norm * scale` (with a norm weight,
@@ -186,7 +222,9 @@ pub fn prepare_residual(
     }
     if let Some(a) = add {
         if a.buffer == x || a.buffer == out {
-            return Err(Error::invalid("rmsnorm: the residual `add` must be a buffer other than x and out"));
+            return Err(Error::invalid(
+                "rmsnorm: the residual `add` must be a buffer other than x and out",
+            ));
         }
     }
     let v = RmsNormVariant {
@@ -210,38 +248,73 @@ pub fn prepare_residual(
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
     let mut entries = vec![
-        wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 1, resource: x.as_entire_binding() },
+        wgpu::BindGroupEntry {
+            binding: 0,
+            resource: ubuf.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 1,
+            resource: x.as_entire_binding(),
+        },
     ];
     if !v.out_is_x {
-        entries.push(wgpu::BindGroupEntry { binding: 2, resource: out.as_entire_binding() });
+        entries.push(wgpu::BindGroupEntry {
+            binding: 2,
+            resource: out.as_entire_binding(),
+        });
     }
     if let Some(a) = add {
-        entries.push(wgpu::BindGroupEntry { binding: 3, resource: a.buffer.as_entire_binding() });
+        entries.push(wgpu::BindGroupEntry {
+            binding: 3,
+            resource: a.buffer.as_entire_binding(),
+        });
         if let Some(n) = a.norm {
-            entries.push(wgpu::BindGroupEntry { binding: 5, resource: n.parts[0].buffer.as_entire_binding() });
+            entries.push(wgpu::BindGroupEntry {
+                binding: 5,
+                resource: n.parts[0].buffer.as_entire_binding(),
+            });
         }
     }
     if let Some(w) = w {
-        entries.push(wgpu::BindGroupEntry { binding: 4, resource: w.parts[0].buffer.as_entire_binding() });
+        entries.push(wgpu::BindGroupEntry {
+            binding: 4,
+            resource: w.parts[0].buffer.as_entire_binding(),
+        });
     }
-    let grid = grid_2d(n_rows as u64, ctx.limits.max_compute_workgroups_per_dimension)?;
+    let grid = grid_2d(
+        n_rows as u64,
+        ctx.limits.max_compute_workgroups_per_dimension,
+    )?;
     rec.push("rmsnorm", &pipe, &entries, grid);
     Ok(())
 }
 
 /// CPU reference in f64: the norm of `x` (after `+ add` when given) times `w` (when given), and
 /// the sum `x + add`. Rows are `row_len` long.
-pub fn reference(x: &[f32], add: Option<&[f32]>, w: Option<&[f32]>, row_len: usize, eps: f32) -> (Vec<f64>, Vec<f64>) {
+pub fn reference(
+    x: &[f32],
+    add: Option<&[f32]>,
+    w: Option<&[f32]>,
+    row_len: usize,
+    eps: f32,
+) -> (Vec<f64>, Vec<f64>) {
     let sum: Vec<f64> = match add {
-        Some(a) => x.iter().zip(a).map(|(&p, &q)| p as f64 + q as f64).collect(),
+        Some(a) => x
+            .iter()
+            .zip(a)
+            .map(|(&p, &q)| p as f64 + q as f64)
+            .collect(),
         None => x.iter().map(|&p| p as f64).collect(),
     };
     let mut out = Vec::with_capacity(sum.len());
     for row in sum.chunks(row_len) {
         let ms = row.iter().map(|v| v * v).sum::<f64>() / row_len as f64;
         let inv = 1.0 / (ms + eps as f64).sqrt();
-        out.extend(row.iter().enumerate().map(|(i, v)| v * inv * w.map_or(1.0, |w| w[i] as f64)));
+        out.extend(
+            row.iter()
+                .enumerate()
+                .map(|(i, v)| v * inv * w.map_or(1.0, |w| w[i] as f64)),
+        );
     }
     (out, sum)
 }
@@ -260,10 +333,16 @@ pub fn reference_residual(
     let mut addend: Vec<f32> = Vec::with_capacity(add.len());
     for row in add.chunks(row_len) {
         let inv = match add_w {
-            Some(_) => 1.0 / (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / row_len as f64 + eps as f64).sqrt(),
+            Some(_) => {
+                1.0 / (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / row_len as f64
+                    + eps as f64)
+                    .sqrt()
+            }
             None => 1.0,
         };
-        addend.extend(row.iter().enumerate().map(|(i, &v)| (v as f64 * inv * add_w.map_or(1.0, |a| a[i] as f64) * scale as f64) as f32));
+        addend.extend(row.iter().enumerate().map(|(i, &v)| {
+            (v as f64 * inv * add_w.map_or(1.0, |a| a[i] as f64) * scale as f64) as f32
+        }));
     }
     reference(x, Some(&addend), w, row_len, eps)
 }

@@ -78,7 +78,10 @@ impl RopeTable {
             words.push([0, 0]);
         }
         let buffer = ctx.storage_buffer("rope freq table", bytemuck::cast_slice(&words));
-        Ok(RopeTable { config: config.clone(), buffer })
+        Ok(RopeTable {
+            config: config.clone(),
+            buffer,
+        })
     }
 
     /// The table's words: for each pair, `frac(theta_j / 2pi) * 2^64` as `[hi, lo]` (f64 gives
@@ -102,7 +105,9 @@ fn u32_of(what: &str, v: u64) -> Result<u32> {
 
 pub fn key(kv_write: bool, workgroup_size: u32) -> PipelineKey {
     if kv_write {
-        PipelineKey::new(SHADER, ENTRY_KV_WRITE).define("KV_WRITE", "").workgroup_size(workgroup_size)
+        PipelineKey::new(SHADER, ENTRY_KV_WRITE)
+            .define("KV_WRITE", "")
+            .workgroup_size(workgroup_size)
     } else {
         PipelineKey::new(SHADER, ENTRY).workgroup_size(workgroup_size)
     }
@@ -112,7 +117,11 @@ pub fn variants() -> Vec<Variant> {
     [false, true]
         .iter()
         .flat_map(|&kv| [64u32, 256].map(move |wg| key(kv, wg)))
-        .map(|k| Variant { shader: k.shader, entry: k.entry, defines: k.defines })
+        .map(|k| Variant {
+            shader: k.shader,
+            entry: k.entry,
+            defines: k.defines,
+        })
         .collect()
 }
 
@@ -132,13 +141,31 @@ fn dispatch(
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, params);
-    let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() }];
-    entries.extend(buffers.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }));
-    rec.push(if kv_write { "rope_kv_write" } else { "rope" }, &pipe, &entries, grid);
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: ubuf.as_entire_binding(),
+    }];
+    entries.extend(buffers.iter().map(|(b, buf)| wgpu::BindGroupEntry {
+        binding: *b,
+        resource: buf.as_entire_binding(),
+    }));
+    rec.push(
+        if kv_write { "rope_kv_write" } else { "rope" },
+        &pipe,
+        &entries,
+        grid,
+    );
     Ok(())
 }
 
-fn params(table: &RopeTable, n_tokens: u32, n_heads: u32, pos0: u32, x_offset: u64, v_offset: u64) -> Result<RopeParams> {
+fn params(
+    table: &RopeTable,
+    n_tokens: u32,
+    n_heads: u32,
+    pos0: u32,
+    x_offset: u64,
+    v_offset: u64,
+) -> Result<RopeParams> {
     let c = &table.config;
     u32_of("last position", pos0 as u64 + n_tokens as u64)?;
     Ok(RopeParams {
@@ -169,7 +196,16 @@ pub fn encode(
     pos0: u32,
 ) -> Result<()> {
     let mut rec = Recorder::new(ctx);
-    prepare(&mut rec, table, x, x_offset, n_tokens, n_heads, pos0, ctx.zero_step())?;
+    prepare(
+        &mut rec,
+        table,
+        x,
+        x_offset,
+        n_tokens,
+        n_heads,
+        pos0,
+        ctx.zero_step(),
+    )?;
     rec.encode(encoder)
 }
 
@@ -188,7 +224,13 @@ pub fn prepare(
 ) -> Result<()> {
     let p = params(table, n_tokens, n_heads, pos0, x_offset, 0)?;
     let inv = n_tokens as u64 * n_heads as u64 * (p.n_rot / 2) as u64;
-    dispatch(rec, false, &p, inv, &[(1, x), (2, &table.buffer), (6, step)])
+    dispatch(
+        rec,
+        false,
+        &p,
+        inv,
+        &[(1, x), (2, &table.buffer), (6, step)],
+    )
 }
 
 /// Rotate `k` to positions `pos0 + t` and write it, and `v` as is, into cells `pos0 + t` of one
@@ -214,7 +256,20 @@ pub fn encode_kv_write(
     v_cache: &wgpu::Buffer,
 ) -> Result<()> {
     let mut rec = Recorder::new(ctx);
-    prepare_kv_write(&mut rec, table, k, k_offset, v, v_offset, n_tokens, n_kv_heads, pos0, k_cache, v_cache, ctx.zero_step())?;
+    prepare_kv_write(
+        &mut rec,
+        table,
+        k,
+        k_offset,
+        v,
+        v_offset,
+        n_tokens,
+        n_kv_heads,
+        pos0,
+        k_cache,
+        v_cache,
+        ctx.zero_step(),
+    )?;
     rec.encode(encoder)
 }
 
@@ -247,7 +302,20 @@ pub fn prepare_kv_write(
         )));
     }
     let inv = n_tokens as u64 * n_kv_heads as u64 * (p.head_dim / 2) as u64;
-    dispatch(rec, true, &p, inv, &[(1, k), (2, &table.buffer), (3, v), (4, k_cache), (5, v_cache), (6, step)])
+    dispatch(
+        rec,
+        true,
+        &p,
+        inv,
+        &[
+            (1, k),
+            (2, &table.buffer),
+            (3, v),
+            (4, k_cache),
+            (5, v_cache),
+            (6, step),
+        ],
+    )
 }
 
 /// CPU reference: [`RopeConfig::apply_heads`] (f64 angles) on each token's row of `x`

@@ -53,7 +53,11 @@ fn key(wg: u32) -> PipelineKey {
 
 pub fn variants() -> Vec<Variant> {
     let k = key(WORKGROUP_SIZE);
-    vec![Variant { shader: k.shader, entry: k.entry, defines: k.defines }]
+    vec![Variant {
+        shader: k.shader,
+        entry: k.entry,
+        defines: k.defines,
+    }]
 }
 
 /// The buffers of one short-convolution dispatch.
@@ -70,7 +74,15 @@ pub struct ShortConvBuffers<'a> {
 
 /// Prepare the dispatch for `n_tokens` at positions `step.pos0 + pos0 + t`. The bounds check
 /// covers `pos0` alone; the caller keeps the step's cells within `rows`.
-pub fn prepare(rec: &mut Recorder, b: &ShortConvBuffers, n_tokens: u32, n_embd: u32, l_cache: u32, pos0: u32, step: &wgpu::Buffer) -> Result<()> {
+pub fn prepare(
+    rec: &mut Recorder,
+    b: &ShortConvBuffers,
+    n_tokens: u32,
+    n_embd: u32,
+    l_cache: u32,
+    pos0: u32,
+    step: &wgpu::Buffer,
+) -> Result<()> {
     let ctx = rec.ctx;
     if n_tokens == 0 {
         return Ok(());
@@ -78,27 +90,62 @@ pub fn prepare(rec: &mut Recorder, b: &ShortConvBuffers, n_tokens: u32, n_embd: 
     let e = n_embd as u64;
     let total = n_tokens as u64 * e;
     if l_cache == 0 || total > u32::MAX as u64 {
-        return Err(Error::invalid(format!("short_conv: {n_tokens} tokens x {n_embd} channels, width {l_cache}")));
+        return Err(Error::invalid(format!(
+            "short_conv: {n_tokens} tokens x {n_embd} channels, width {l_cache}"
+        )));
     }
-    if b.bcx.size() < total * 3 * 4 || b.out.size() < total * 4 || b.weight.size() < e * l_cache as u64 * 4 {
-        return Err(Error::invalid("short_conv: a buffer is smaller than its shape"));
+    if b.bcx.size() < total * 3 * 4
+        || b.out.size() < total * 4
+        || b.weight.size() < e * l_cache as u64 * 4
+    {
+        return Err(Error::invalid(
+            "short_conv: a buffer is smaller than its shape",
+        ));
     }
     if (pos0 as u64 + n_tokens as u64) * e * 4 > b.rows.size() {
-        return Err(Error::invalid(format!("short_conv: positions {pos0}..{} do not fit the conv rows", pos0 + n_tokens)));
+        return Err(Error::invalid(format!(
+            "short_conv: positions {pos0}..{} do not fit the conv rows",
+            pos0 + n_tokens
+        )));
     }
     let pipe = ctx.pipeline(&key(ctx.limits.workgroup_size(WORKGROUP_SIZE)))?;
-    let params = ShortConvParams { n_tokens, n_embd, l_cache, pos0, bcx_stride: 3 * n_embd, ..Default::default() };
+    let params = ShortConvParams {
+        n_tokens,
+        n_embd,
+        l_cache,
+        pos0,
+        bcx_stride: 3 * n_embd,
+        ..Default::default()
+    };
     let groups = total.div_ceil(pipe.decisions.workgroup_size as u64);
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
     let entries = [
-        wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 1, resource: b.bcx.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 2, resource: b.weight.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 3, resource: b.rows.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 4, resource: b.out.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 5, resource: step.as_entire_binding() },
+        wgpu::BindGroupEntry {
+            binding: 0,
+            resource: ubuf.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 1,
+            resource: b.bcx.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 2,
+            resource: b.weight.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 3,
+            resource: b.rows.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 4,
+            resource: b.out.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 5,
+            resource: step.as_entire_binding(),
+        },
     ];
     rec.push("short_conv", &pipe, &entries, grid);
     Ok(())
@@ -106,20 +153,43 @@ pub fn prepare(rec: &mut Recorder, b: &ShortConvBuffers, n_tokens: u32, n_embd: 
 
 /// One-off [`prepare`] at positions `pos0 + t` (tests).
 #[allow(clippy::too_many_arguments)]
-pub fn encode(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, b: &ShortConvBuffers, n_tokens: u32, n_embd: u32, l_cache: u32, pos0: u32) -> Result<()> {
+pub fn encode(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    b: &ShortConvBuffers,
+    n_tokens: u32,
+    n_embd: u32,
+    l_cache: u32,
+    pos0: u32,
+) -> Result<()> {
     let mut rec = Recorder::new(ctx);
-    prepare(&mut rec, b, n_tokens, n_embd, l_cache, pos0, ctx.zero_step())?;
+    prepare(
+        &mut rec,
+        b,
+        n_tokens,
+        n_embd,
+        l_cache,
+        pos0,
+        ctx.zero_step(),
+    )?;
     rec.encode(encoder)
 }
 
 /// CPU reference in f64 over a whole sequence from position 0: `bcx (T, 3 n_embd)`, `weight
 /// (n_embd, l_cache)`; returns `out (T, n_embd)` and the rows `B * x (T, n_embd)`.
-pub fn reference(bcx: &[f32], weight: &[f32], n_embd: usize, l_cache: usize) -> (Vec<f64>, Vec<f64>) {
+pub fn reference(
+    bcx: &[f32],
+    weight: &[f32],
+    n_embd: usize,
+    l_cache: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let n = bcx.len() / (3 * n_embd);
-    let bx: Vec<f64> = (0..n * n_embd).map(|i| {
-        let (t, c) = (i / n_embd, i % n_embd);
-        bcx[t * 3 * n_embd + c] as f64 * bcx[t * 3 * n_embd + 2 * n_embd + c] as f64
-    }).collect();
+    let bx: Vec<f64> = (0..n * n_embd)
+        .map(|i| {
+            let (t, c) = (i / n_embd, i % n_embd);
+            bcx[t * 3 * n_embd + c] as f64 * bcx[t * 3 * n_embd + 2 * n_embd + c] as f64
+        })
+        .collect();
     let mut out = vec![0.0; n * n_embd];
     for t in 0..n {
         for c in 0..n_embd {

@@ -40,14 +40,26 @@ fn key(wg: u32) -> PipelineKey {
 
 pub fn variants() -> Vec<Variant> {
     let k = key(WORKGROUP_SIZE);
-    vec![Variant { shader: k.shader, entry: k.entry, defines: k.defines }]
+    vec![Variant {
+        shader: k.shader,
+        entry: k.entry,
+        defines: k.defines,
+    }]
 }
 
 /// Prepare `x[offset..offset + count] = cap * tanh(x / cap)`.
-pub fn prepare(rec: &mut Recorder, x: &wgpu::Buffer, offset: u32, count: u32, cap: f32) -> Result<()> {
+pub fn prepare(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    offset: u32,
+    count: u32,
+    cap: f32,
+) -> Result<()> {
     let ctx = rec.ctx;
     if !(cap.is_finite() && cap > 0.0) {
-        return Err(Error::invalid(format!("softcap: cap {cap} must be finite and positive")));
+        return Err(Error::invalid(format!(
+            "softcap: cap {cap} must be finite and positive"
+        )));
     }
     if (offset as u64 + count as u64) * 4 > x.size() {
         return Err(Error::invalid("softcap: the range passes the buffer's end"));
@@ -56,21 +68,39 @@ pub fn prepare(rec: &mut Recorder, x: &wgpu::Buffer, offset: u32, count: u32, ca
         return Ok(());
     }
     let pipe = ctx.pipeline(&key(ctx.limits.workgroup_size(WORKGROUP_SIZE)))?;
-    let params = SoftcapParams { count, offset, cap, pad0: 0 };
+    let params = SoftcapParams {
+        count,
+        offset,
+        cap,
+        pad0: 0,
+    };
     let groups = (count as u64).div_ceil(pipe.decisions.workgroup_size as u64);
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
     let entries = [
-        wgpu::BindGroupEntry { binding: 0, resource: ubuf.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 1, resource: x.as_entire_binding() },
+        wgpu::BindGroupEntry {
+            binding: 0,
+            resource: ubuf.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 1,
+            resource: x.as_entire_binding(),
+        },
     ];
     rec.push("softcap", &pipe, &entries, grid);
     Ok(())
 }
 
 /// One-off [`prepare`] (tests).
-pub fn encode(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, offset: u32, count: u32, cap: f32) -> Result<()> {
+pub fn encode(
+    ctx: &GpuContext,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &wgpu::Buffer,
+    offset: u32,
+    count: u32,
+    cap: f32,
+) -> Result<()> {
     let mut rec = Recorder::new(ctx);
     prepare(&mut rec, x, offset, count, cap)?;
     rec.encode(encoder)
@@ -78,5 +108,7 @@ pub fn encode(ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, x: &wgpu::Bu
 
 /// CPU reference in f64.
 pub fn reference(x: &[f32], cap: f32) -> Vec<f64> {
-    x.iter().map(|&v| cap as f64 * (v as f64 / cap as f64).tanh()).collect()
+    x.iter()
+        .map(|&v| cap as f64 * (v as f64 / cap as f64).tanh())
+        .collect()
 }

@@ -66,7 +66,11 @@ pub fn variants() -> Vec<Variant> {
     for wg in [64u32, 128, 256] {
         for from_logits in [true, false] {
             let k = key(wg, from_logits);
-            v.push(Variant { shader: k.shader, entry: k.entry, defines: k.defines });
+            v.push(Variant {
+                shader: k.shader,
+                entry: k.entry,
+                defines: k.defines,
+            });
         }
     }
     v
@@ -88,20 +92,46 @@ impl TopKResult {
     pub fn from_bytes(b: &[u8]) -> Self {
         let w = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
         let k = TOPK as usize;
-        let candidates = (0..k).map(|i| (f32::from_bits(w(2 * i)), w(2 * i + 1))).filter(|&(_, id)| id != NONE).collect();
-        TopKResult { candidates, max: f32::from_bits(w(2 * k)), sum_exp: f32::from_bits(w(2 * k + 1)) }
+        let candidates = (0..k)
+            .map(|i| (f32::from_bits(w(2 * i)), w(2 * i + 1)))
+            .filter(|&(_, id)| id != NONE)
+            .collect();
+        TopKResult {
+            candidates,
+            max: f32::from_bits(w(2 * k)),
+            sum_exp: f32::from_bits(w(2 * k + 1)),
+        }
     }
 }
 
 /// The CPU reference: the `k` best `(logit, id)` (descending, ties by lower id), NaN skipped, and
 /// `(max, sum exp(x - max))` in f64.
 pub fn cpu_topk(logits: &[f32], k: usize) -> TopKResult {
-    let mut all: Vec<(f32, u32)> = logits.iter().enumerate().filter(|(_, v)| !v.is_nan()).map(|(i, &v)| (v, i as u32)).collect();
+    let mut all: Vec<(f32, u32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| !v.is_nan())
+        .map(|(i, &v)| (v, i as u32))
+        .collect();
     all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     all.truncate(k);
     let max = all.first().map(|c| c.0).unwrap_or(f32::MIN);
-    let sum: f64 = logits.iter().filter(|v| !v.is_nan()).map(|&v| if v == max { 1.0 } else { ((v - max) as f64).exp() }).sum();
-    TopKResult { candidates: all, max, sum_exp: sum as f32 }
+    let sum: f64 = logits
+        .iter()
+        .filter(|v| !v.is_nan())
+        .map(|&v| {
+            if v == max {
+                1.0
+            } else {
+                ((v - max) as f64).exp()
+            }
+        })
+        .sum();
+    TopKResult {
+        candidates: all,
+        max,
+        sum_exp: sum as f32,
+    }
 }
 
 /// Top-K over the first `n` f32s of one logits buffer: stages, scratch and bind groups.
@@ -138,29 +168,71 @@ impl TopK {
                 ));
             }
             let pipe = ctx.pipeline(&key(wg, s == 0))?;
-            let params = ctx.uniform_buffer_owned("topk params", &TopkParams { n: n_in as u32, n_groups_in: groups_in as u32, ..Default::default() });
+            let params = ctx.uniform_buffer_owned(
+                "topk params",
+                &TopkParams {
+                    n: n_in as u32,
+                    n_groups_in: groups_in as u32,
+                    ..Default::default()
+                },
+            );
             let (dst, dst_stats) = if last {
                 (head(&result, TOPK as u64 * 8), stats_binding(&result))
             } else {
-                (head(&scratch[s].0, groups * TOPK as u64 * 8), head(&scratch[s].1, groups * 8))
+                (
+                    head(&scratch[s].0, groups * TOPK as u64 * 8),
+                    head(&scratch[s].1, groups * 8),
+                )
             };
             let mut entries = vec![
-                wgpu::BindGroupEntry { binding: 0, resource: params.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 3, resource: dst },
-                wgpu::BindGroupEntry { binding: 4, resource: dst_stats },
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: params.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 3,
+                    resource: dst,
+                },
+                wgpu::BindGroupEntry {
+                    binding: 4,
+                    resource: dst_stats,
+                },
             ];
             if s == 0 {
-                entries.push(wgpu::BindGroupEntry { binding: 1, resource: head(logits, n_in * 4) });
+                entries.push(wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: head(logits, n_in * 4),
+                });
             } else {
-                entries.push(wgpu::BindGroupEntry { binding: 1, resource: head(&scratch[s - 1].0, n_in * 8) });
-                entries.push(wgpu::BindGroupEntry { binding: 2, resource: head(&scratch[s - 1].1, groups_in * 8) });
+                entries.push(wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: head(&scratch[s - 1].0, n_in * 8),
+                });
+                entries.push(wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: head(&scratch[s - 1].1, groups_in * 8),
+                });
             }
-            let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&pipe.key.label()), layout: &pipe.layout, entries: &entries });
+            let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&pipe.key.label()),
+                layout: &pipe.layout,
+                entries: &entries,
+            });
             let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
-            stages.push(Stage { pipe, bind, grid, _params: params });
+            stages.push(Stage {
+                pipe,
+                bind,
+                grid,
+                _params: params,
+            });
             groups_in = groups;
         }
-        Ok(TopK { n, stages, result, _scratch: scratch })
+        Ok(TopK {
+            n,
+            stages,
+            result,
+            _scratch: scratch,
+        })
     }
 
     /// The `RESULT_BYTES` the last stage writes (`COPY_SRC`); parse with [`TopKResult::from_bytes`].
@@ -180,13 +252,20 @@ impl TopK {
     }
 
     pub fn encode(&self, encoder: &mut wgpu::CommandEncoder) {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("topk"), timestamp_writes: None });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("topk"),
+            timestamp_writes: None,
+        });
         self.encode_pass(&mut pass);
     }
 
     /// Encode, submit and read back the result (tests and one-off use).
     pub async fn run(&self, ctx: &GpuContext) -> Result<TopKResult> {
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("topk") });
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("topk"),
+            });
         self.encode(&mut enc);
         ctx.submit([enc.finish()]);
         let b = crate::gpu::read_buffer(ctx, &self.result, 0, Self::RESULT_BYTES).await?;
@@ -196,5 +275,9 @@ impl TopK {
 
 /// The stats slot of the result buffer (after the pairs).
 fn stats_binding(result: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
-    wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: result, offset: TOPK as u64 * 8, size: std::num::NonZeroU64::new(8) })
+    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+        buffer: result,
+        offset: TOPK as u64 * 8,
+        size: std::num::NonZeroU64::new(8),
+    })
 }

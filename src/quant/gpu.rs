@@ -58,11 +58,31 @@ fn layout(ty: GgmlType) -> Option<Layout> {
     Some(match ty {
         F32 => Layout::Plain { bytes: 4 },
         F16 | BF16 => Layout::Plain { bytes: 2 },
-        Q8_0 => Layout::Split { qoff: 2, quant: 32, dm: false },
-        Q4_0 => Layout::Split { qoff: 2, quant: 16, dm: false },
-        Q5_0 => Layout::Split { qoff: 2, quant: 20, dm: false },
-        Q4_1 => Layout::Split { qoff: 4, quant: 16, dm: true },
-        Q5_1 => Layout::Split { qoff: 4, quant: 20, dm: true },
+        Q8_0 => Layout::Split {
+            qoff: 2,
+            quant: 32,
+            dm: false,
+        },
+        Q4_0 => Layout::Split {
+            qoff: 2,
+            quant: 16,
+            dm: false,
+        },
+        Q5_0 => Layout::Split {
+            qoff: 2,
+            quant: 20,
+            dm: false,
+        },
+        Q4_1 => Layout::Split {
+            qoff: 4,
+            quant: 16,
+            dm: true,
+        },
+        Q5_1 => Layout::Split {
+            qoff: 4,
+            quant: 20,
+            dm: true,
+        },
         Q4K => Layout::Blocks { padded: 144 },
         Q5K => Layout::Blocks { padded: 176 },
         Q6K => Layout::Blocks { padded: 212 },
@@ -83,11 +103,19 @@ fn unsupported(ty: GgmlType) -> Error {
 /// without a GPU layout (check [`GgmlType::gpu_supported`] first).
 pub fn gpu_row_bytes(ty: GgmlType, cols: u64) -> u64 {
     let nb = cols / ty.block_elems();
-    debug_assert_eq!(cols % ty.block_elems(), 0, "{ty}: {cols} columns is not whole blocks");
+    debug_assert_eq!(
+        cols % ty.block_elems(),
+        0,
+        "{ty}: {cols} columns is not whole blocks"
+    );
     match layout(ty).unwrap_or_else(|| panic!("{ty} has no GPU layout")) {
         Layout::Plain { bytes } => (cols * bytes).div_ceil(4) * 4,
-        Layout::Split { quant, dm: false, .. } => nb * quant as u64 + nb.div_ceil(2) * 4,
-        Layout::Split { quant, dm: true, .. } => nb * quant as u64 + nb * 4,
+        Layout::Split {
+            quant, dm: false, ..
+        } => nb * quant as u64 + nb.div_ceil(2) * 4,
+        Layout::Split {
+            quant, dm: true, ..
+        } => nb * quant as u64 + nb * 4,
         Layout::Blocks { padded } => nb * padded as u64,
     }
 }
@@ -96,12 +124,16 @@ pub fn gpu_row_bytes(ty: GgmlType, cols: u64) -> u64 {
 /// layout, appended to `dst`. Row-local: any whole-row chunk of a tensor can be repacked alone.
 pub fn repack_rows(ty: GgmlType, cols: u64, src: &[u8], dst: &mut Vec<u8>) -> Result<()> {
     let lay = layout(ty).ok_or_else(|| unsupported(ty))?;
-    let gguf_row = ty
-        .row_bytes(cols)
-        .filter(|&b| b > 0)
-        .ok_or_else(|| Error::invalid(format!("a {ty} row of {cols} values is not a whole number of blocks")))? as usize;
+    let gguf_row = ty.row_bytes(cols).filter(|&b| b > 0).ok_or_else(|| {
+        Error::invalid(format!(
+            "a {ty} row of {cols} values is not a whole number of blocks"
+        ))
+    })? as usize;
     if src.len() % gguf_row != 0 {
-        return Err(Error::invalid(format!("{} bytes of {ty} data is not a whole number of {gguf_row}-byte rows", src.len())));
+        return Err(Error::invalid(format!(
+            "{} bytes of {ty} data is not a whole number of {gguf_row}-byte rows",
+            src.len()
+        )));
     }
     let (elems, bb) = (ty.block_elems() as usize, ty.block_bytes() as usize);
     let nb = cols as usize / elems;
@@ -146,7 +178,9 @@ pub fn upload_tensor(
     max_binding: u64,
 ) -> Result<GpuTensor> {
     layout(ty).ok_or_else(|| unsupported(ty))?;
-    let gguf_row = ty.row_bytes(cols).ok_or_else(|| Error::invalid(format!("{name}: {cols} columns is not whole {ty} blocks")))?;
+    let gguf_row = ty.row_bytes(cols).ok_or_else(|| {
+        Error::invalid(format!("{name}: {cols} columns is not whole {ty} blocks"))
+    })?;
     if gguf_bytes.len() as u64 != gguf_row * rows {
         return Err(Error::invalid(format!(
             "{name}: {} bytes given for {rows} rows of {gguf_row} bytes ({ty}, {cols} columns)",
@@ -155,17 +189,34 @@ pub fn upload_tensor(
     }
     let row_bytes = gpu_row_bytes(ty, cols);
     let max = max_binding.min(ctx.limits.max_binding());
-    let plan = plan_parts(rows, row_bytes, max).map_err(|e| Error::new(ErrorCode::AdapterTooSmall, format!("{name}: {e}")))?;
+    let plan = plan_parts(rows, row_bytes, max)
+        .map_err(|e| Error::new(ErrorCode::AdapterTooSmall, format!("{name}: {e}")))?;
     let mut parts = Vec::with_capacity(plan.len());
     let mut buf = Vec::new();
     for (i, &(row_start, n)) in plan.iter().enumerate() {
         buf.clear();
-        let src = &gguf_bytes[(row_start * gguf_row) as usize..((row_start + n) * gguf_row) as usize];
+        let src =
+            &gguf_bytes[(row_start * gguf_row) as usize..((row_start + n) * gguf_row) as usize];
         repack_rows(ty, cols, src, &mut buf)?;
-        let label = if plan.len() == 1 { name.to_string() } else { format!("{name} part {i}") };
-        parts.push(TensorPart { buffer: ctx.storage_buffer(&label, &buf), row_start, rows: n });
+        let label = if plan.len() == 1 {
+            name.to_string()
+        } else {
+            format!("{name} part {i}")
+        };
+        parts.push(TensorPart {
+            buffer: ctx.storage_buffer(&label, &buf),
+            row_start,
+            rows: n,
+        });
     }
-    Ok(GpuTensor { name: name.to_string(), ty, cols, rows, row_bytes, parts })
+    Ok(GpuTensor {
+        name: name.to_string(),
+        ty,
+        cols,
+        rows,
+        row_bytes,
+        parts,
+    })
 }
 
 /// Valid GGUF bytes for `rows x cols` of `ty` from a seed, for tests and benches: random quants
@@ -212,7 +263,11 @@ pub fn synthetic_rows(ty: GgmlType, cols: u64, rows: u64, seed: u64) -> Vec<u8> 
                     _ => b[0..2].copy_from_slice(&d),
                 }
                 if matches!(ty, Q4_1 | Q5_1 | Q4K | Q5K) {
-                    let m = if matches!(ty, Q4K | Q5K) { f16b((1.0 + unit(r << 20)) / 256.0) } else { m };
+                    let m = if matches!(ty, Q4K | Q5K) {
+                        f16b((1.0 + unit(r << 20)) / 256.0)
+                    } else {
+                        m
+                    };
                     b[2..4].copy_from_slice(&m);
                 }
             }
@@ -259,7 +314,10 @@ mod tests {
                 let rows = 3;
                 let src = synthetic_rows(ty, cols, rows, 7);
                 let reference = dequantize_to_vec(ty, &src).unwrap();
-                assert!(reference.iter().all(|v| v.is_finite()), "{ty}: synthetic data not finite");
+                assert!(
+                    reference.iter().all(|v| v.is_finite()),
+                    "{ty}: synthetic data not finite"
+                );
                 let mut whole = Vec::new();
                 repack_rows(ty, cols, &src, &mut whole).unwrap();
                 let rb = gpu_row_bytes(ty, cols) as usize;

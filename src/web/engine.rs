@@ -105,7 +105,11 @@ impl GenOptions {
             None => None,
         };
         let from_grammar = match &self.grammar {
-            Some(g) => Some(ConstraintSpec::from_grammar(g.lark.as_deref(), g.gbnf.as_deref(), g.regex.as_deref())?),
+            Some(g) => Some(ConstraintSpec::from_grammar(
+                g.lark.as_deref(),
+                g.gbnf.as_deref(),
+                g.regex.as_deref(),
+            )?),
             None => None,
         };
         if from_format.is_some() && from_grammar.is_some() {
@@ -152,11 +156,14 @@ fn get_fn(v: &JsValue, name: &str) -> Result<Option<Function>> {
     if f.is_undefined() || f.is_null() {
         return Ok(None);
     }
-    f.dyn_into::<Function>().map(Some).map_err(|_| Error::invalid(format!("option {name} must be a function")))
+    f.dyn_into::<Function>()
+        .map(Some)
+        .map_err(|_| Error::invalid(format!("option {name} must be a function")))
 }
 
 fn to_js<T: Serialize>(v: &T) -> Result<JsValue> {
-    v.serialize(&serde_wasm_bindgen::Serializer::json_compatible()).map_err(|e| Error::internal(e.to_string()))
+    v.serialize(&serde_wasm_bindgen::Serializer::json_compatible())
+        .map_err(|e| Error::internal(e.to_string()))
 }
 
 // ---------------------------------------------------------------- results (Rust -> JS)
@@ -303,7 +310,9 @@ fn disposed() -> Error {
 }
 
 fn busy() -> Error {
-    Error::invalid("the engine is busy with another generation; wait for it to finish or stop it first")
+    Error::invalid(
+        "the engine is busy with another generation; wait for it to finish or stop it first",
+    )
 }
 
 /// A model on the GPU with its session. Create with `Engine.load`.
@@ -318,7 +327,12 @@ impl Engine {
     /// `ArrayBuffer` or a `Uint8Array`. Resolves to an `Engine`.
     #[wasm_bindgen(unchecked_return_type = "Promise<Engine>")]
     pub fn load(source: JsValue, options: JsValue) -> Promise {
-        future_to_promise(async move { load(source, options).await.map(JsValue::from).map_err(js_error) })
+        future_to_promise(async move {
+            load(source, options)
+                .await
+                .map(JsValue::from)
+                .map_err(js_error)
+        })
     }
 
     /// Generate a continuation of `prompt` (raw text). `options.onToken(text, tokenId)` is
@@ -326,7 +340,11 @@ impl Engine {
     #[wasm_bindgen(unchecked_return_type = "Promise<any>")]
     pub fn generate(&self, prompt: String, options: JsValue) -> Promise {
         let state = self.state.clone();
-        future_to_promise(async move { run(state, Input::Raw(prompt), options).await.map_err(js_error) })
+        future_to_promise(async move {
+            run(state, Input::Raw(prompt), options)
+                .await
+                .map_err(js_error)
+        })
     }
 
     /// Chat: `messages` is `[{role, content}]`; the template is applied and the KV cache of the
@@ -335,9 +353,15 @@ impl Engine {
     pub fn chat(&self, messages: JsValue, options: JsValue) -> Promise {
         let state = self.state.clone();
         future_to_promise(async move {
-            let messages: Vec<ChatMessage> = serde_wasm_bindgen::from_value(messages)
-                .map_err(|e| js_error(Error::invalid(format!("chat: messages must be [{{role, content}}]: {e}"))))?;
-            run(state, Input::Chat(messages), options).await.map_err(js_error)
+            let messages: Vec<ChatMessage> =
+                serde_wasm_bindgen::from_value(messages).map_err(|e| {
+                    js_error(Error::invalid(format!(
+                        "chat: messages must be [{{role, content}}]: {e}"
+                    )))
+                })?;
+            run(state, Input::Chat(messages), options)
+                .await
+                .map_err(js_error)
         })
     }
 
@@ -345,7 +369,11 @@ impl Engine {
     pub fn tokenize(&self, text: &str, options: JsValue) -> std::result::Result<Vec<u32>, JsValue> {
         let o: TokenizeOptions = from_js(&options, "tokenize options").map_err(js_error)?;
         let core = self.core().map_err(js_error)?;
-        Ok(core.tok.encode(text, o.add_special.unwrap_or(true), o.parse_special.unwrap_or(true)))
+        Ok(core.tok.encode(
+            text,
+            o.add_special.unwrap_or(true),
+            o.parse_special.unwrap_or(true),
+        ))
     }
 
     /// Token ids -> text (control tokens render as nothing).
@@ -357,7 +385,8 @@ impl Engine {
     /// Drop `nDiscard` cells of the KV cache after the first `nKeep` (the kv_shift kernel).
     #[wasm_bindgen(js_name = shiftContext)]
     pub fn shift_context(&self, n_keep: u32, n_discard: u32) -> std::result::Result<(), JsValue> {
-        self.with_session(|s| s.shift(n_keep, n_discard)).map_err(js_error)
+        self.with_session(|s| s.shift(n_keep, n_discard))
+            .map_err(js_error)
     }
 
     /// Forget the conversation (the KV cache is cleared; the model stays loaded).
@@ -384,7 +413,11 @@ impl Engine {
     /// Tokens in the KV cache now.
     #[wasm_bindgen(getter, js_name = nPast)]
     pub fn n_past(&self) -> u32 {
-        self.state.borrow().as_ref().and_then(|i| i.session.as_ref()).map_or(0, |s| s.n_past())
+        self.state
+            .borrow()
+            .as_ref()
+            .and_then(|i| i.session.as_ref())
+            .map_or(0, |s| s.n_past())
     }
 
     /// Whether `dispose()` was called.
@@ -408,7 +441,11 @@ impl Engine {
 
 impl Engine {
     fn core(&self) -> Result<Rc<Core>> {
-        self.state.borrow().as_ref().map(|i| i.core.clone()).ok_or_else(disposed)
+        self.state
+            .borrow()
+            .as_ref()
+            .map(|i| i.core.clone())
+            .ok_or_else(disposed)
     }
 
     fn with_session<R>(&self, f: impl FnOnce(&mut Session) -> Result<R>) -> Result<R> {
@@ -445,20 +482,41 @@ async fn load(source: JsValue, options: JsValue) -> Result<Engine> {
     let source = Source::from_js(&source)?;
     let opts: LoadOptions = from_js(&options, "Engine.load options")?;
     let on_progress = get_fn(&options, "onProgress")?;
-    let signal = if options.is_object() { Reflect::get(&options, &"signal".into()).ok() } else { None };
-    let abort = Abort(signal.filter(|s| !s.is_undefined() && !s.is_null()).map(|s| s.unchecked_into()));
+    let signal = if options.is_object() {
+        Reflect::get(&options, &"signal".into()).ok()
+    } else {
+        None
+    };
+    let abort = Abort(
+        signal
+            .filter(|s| !s.is_undefined() && !s.is_null())
+            .map(|s| s.unchecked_into()),
+    );
     let cache_name = match &opts.cache {
         Some(CacheOption::Flag(true)) => Some(source::DEFAULT_CACHE.to_string()),
         Some(CacheOption::Name(n)) => Some(n.clone()),
         _ => None,
     };
-    let mut progress = Progress { f: on_progress.as_ref(), last_ms: 0.0 };
+    let mut progress = Progress {
+        f: on_progress.as_ref(),
+        last_ms: 0.0,
+    };
     progress.emit(true, || serde_json::json!({"phase": "gpu", "loadedBytes": 0, "totalBytes": null, "tensorsLoaded": 0, "tensorsTotal": 0}));
     abort.check()?;
 
     let ctx = Arc::new(GpuContext::new(&LimitRequest::default()).await?);
     // From here on, any failure destroys the device: every buffer made so far goes with it.
-    match load_on(&ctx, &source, &opts, cache_name.as_deref(), &abort, &mut progress, t0).await {
+    match load_on(
+        &ctx,
+        &source,
+        &opts,
+        cache_name.as_deref(),
+        &abort,
+        &mut progress,
+        t0,
+    )
+    .await
+    {
         Ok(engine) => Ok(engine),
         Err(e) => {
             ctx.device.destroy();
@@ -480,7 +538,11 @@ async fn load_on(
         Source::Url(u) => source::split_urls(u).into_iter().map(Source::Url).collect(),
         _ => vec![],
     };
-    let parts_ref: Vec<&Source> = if parts.is_empty() { vec![source] } else { parts.iter().collect() };
+    let parts_ref: Vec<&Source> = if parts.is_empty() {
+        vec![source]
+    } else {
+        parts.iter().collect()
+    };
     let n_parts = parts_ref.len();
     let mut hasher = opts.expected_sha256.as_ref().map(|_| sha2::Sha256::new());
     let mut weights: Option<LoadedModel> = None;
@@ -501,7 +563,10 @@ async fn load_on(
                     if want != have {
                         return Err(Error::new(
                             ErrorCode::BadGguf,
-                            format!("expected {want} bytes but {} has {have}; is it the right file?", part.describe()),
+                            format!(
+                                "expected {want} bytes but {} has {have}; is it the right file?",
+                                part.describe()
+                            ),
                         ));
                     }
                 }
@@ -514,7 +579,9 @@ async fn load_on(
                     h.update(chunk);
                 }
                 let mut guard = loader.borrow_mut();
-                let l = guard.as_mut().ok_or_else(|| Error::internal("chunk before size"))?;
+                let l = guard
+                    .as_mut()
+                    .ok_or_else(|| Error::internal("chunk before size"))?;
                 l.push(chunk)?;
                 if !checked_arch {
                     if let Some(h) = l.header() {
@@ -539,7 +606,9 @@ async fn load_on(
         .await?;
         resumes += report.resumes;
         cached &= report.cached;
-        let l = loader.into_inner().ok_or_else(|| source::net(format!("{}: no response", part.describe())))?;
+        let l = loader
+            .into_inner()
+            .ok_or_else(|| source::net(format!("{}: no response", part.describe())))?;
         let p = l.progress();
         total_bytes += p.loaded_bytes;
         let part_weights = l.finish()?;
@@ -560,7 +629,10 @@ async fn load_on(
 
     if let Some(want) = opts.expected_size {
         if want != total_bytes {
-            return Err(Error::new(ErrorCode::BadGguf, format!("expected {want} bytes but got {total_bytes}; is it the right file?")));
+            return Err(Error::new(
+                ErrorCode::BadGguf,
+                format!("expected {want} bytes but got {total_bytes}; is it the right file?"),
+            ));
         }
     }
     let sha256 = hasher.map(|h| hex(&h.finalize()));
@@ -583,8 +655,16 @@ async fn load_on(
     let model = Arc::new(Model::new(ctx, weights).await?);
     let hp = &model.hp;
 
-    let bos_text = tok.bos_id().and_then(|i| tok.token_text(i)).unwrap_or("").to_string();
-    let eos_text = tok.eos_id().and_then(|i| tok.token_text(i)).unwrap_or("").to_string();
+    let bos_text = tok
+        .bos_id()
+        .and_then(|i| tok.token_text(i))
+        .unwrap_or("")
+        .to_string();
+    let eos_text = tok
+        .eos_id()
+        .and_then(|i| tok.token_text(i))
+        .unwrap_or("")
+        .to_string();
     let template = ChatTemplate::select(
         header.get_str("tokenizer.chat_template"),
         header.architecture().unwrap_or(""),
@@ -594,7 +674,10 @@ async fn load_on(
     );
 
     let defaults = SessionOptions::default();
-    let n_ctx = opts.context_size.unwrap_or(defaults.n_ctx).min(hp.n_ctx_train.max(2));
+    let n_ctx = opts
+        .context_size
+        .unwrap_or(defaults.n_ctx)
+        .min(hp.n_ctx_train.max(2));
     let sopts = SessionOptions {
         n_ctx,
         n_keep: opts.n_keep.unwrap_or(defaults.n_keep),
@@ -661,8 +744,18 @@ async fn load_on(
         context_shifts: 0,
     };
     progress.emit(true, || serde_json::json!({"phase": "ready", "loadedBytes": total_bytes, "totalBytes": total_bytes, "tensorsLoaded": 0, "tensorsTotal": 0}));
-    let core = Rc::new(Core { ctx: ctx.clone(), tok, template, info });
-    Ok(Engine { state: Rc::new(RefCell::new(Some(Inner { core, session: Some(session) }))) })
+    let core = Rc::new(Core {
+        ctx: ctx.clone(),
+        tok,
+        template,
+        info,
+    });
+    Ok(Engine {
+        state: Rc::new(RefCell::new(Some(Inner {
+            core,
+            session: Some(session),
+        }))),
+    })
 }
 
 fn from_origin(o: Origin) -> serde_json::Value {
@@ -710,7 +803,16 @@ async fn run(state: State, input: Input, options: JsValue) -> Result<JsValue> {
         let s = inner.session.take().ok_or_else(busy)?;
         (inner.core.clone(), s)
     };
-    let result = generate(&core, &mut session, &state, input, &opts, on_token.as_ref(), t0).await;
+    let result = generate(
+        &core,
+        &mut session,
+        &state,
+        input,
+        &opts,
+        on_token.as_ref(),
+        t0,
+    )
+    .await;
     let mut st = state.borrow_mut();
     match st.as_mut() {
         Some(inner) => inner.session = Some(session),
@@ -732,11 +834,16 @@ async fn generate(
     // Bad options fail before the session is touched.
     let gopts = opts.to_generate()?;
     let tokens = match &input {
-        Input::Raw(p) => core.tok.encode(p, opts.add_special.unwrap_or(true), opts.parse_special.unwrap_or(true)),
+        Input::Raw(p) => core.tok.encode(
+            p,
+            opts.add_special.unwrap_or(true),
+            opts.parse_special.unwrap_or(true),
+        ),
         Input::Chat(messages) => {
             let t = core.template.as_ref().map_err(Clone::clone)?;
             let text = t.render(messages, true)?;
-            core.tok.encode(strip_leading_bos(&text, &t.bos_token), true, true)
+            core.tok
+                .encode(strip_leading_bos(&text, &t.bos_token), true, true)
         }
     };
     if tokens.is_empty() {
@@ -744,7 +851,12 @@ async fn generate(
     }
     // Keep the common prefix in the cache; feed the rest (at least one token, for fresh logits).
     let held = session.tokens().len();
-    let mut keep = session.tokens().iter().zip(&tokens).take_while(|(a, b)| a == b).count();
+    let mut keep = session
+        .tokens()
+        .iter()
+        .zip(&tokens)
+        .take_while(|(a, b)| a == b)
+        .count();
     keep = keep.min(tokens.len() - 1);
     if keep == 0 {
         session.reset();
@@ -765,7 +877,11 @@ async fn generate(
             return false;
         }
         let Some(f) = on_token else { return true };
-        let id_js = if id == u32::MAX { JsValue::NULL } else { JsValue::from(id) };
+        let id_js = if id == u32::MAX {
+            JsValue::NULL
+        } else {
+            JsValue::from(id)
+        };
         match f.call2(&JsValue::NULL, &JsValue::from_str(text), &id_js) {
             Ok(v) => v != JsValue::FALSE,
             Err(e) => {
@@ -776,7 +892,10 @@ async fn generate(
     };
     let stats = session.generate(suffix, &gopts, &mut cb).await?;
     if let Some(e) = js_err {
-        return Err(Error::invalid(format!("the onToken callback threw: {}", source::js_msg(&e))));
+        return Err(Error::invalid(format!(
+            "the onToken callback threw: {}",
+            source::js_msg(&e)
+        )));
     }
     core.ctx.check_errors()?;
     let out = GenStats {

@@ -15,7 +15,15 @@ pub async fn stream(
     on_chunk: &mut dyn FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
     let src = Source::Url(url.to_string());
-    read(&src, None, &Abort(None), &mut |size, _| on_size(size), on_chunk).await.map(|_| ())
+    read(
+        &src,
+        None,
+        &Abort(None),
+        &mut |size, _| on_size(size),
+        on_chunk,
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Bytes `[start, end)` of `url` (an HTTP Range request).
@@ -25,7 +33,10 @@ pub async fn range(url: &str, start: u64, end: u64) -> Result<Vec<u8>> {
     let ab = JsFuture::from(p).await.map_err(|e| net(js_msg(&e)))?;
     let bytes = Uint8Array::new(&ab).to_vec();
     if resp.status() != 206 || bytes.len() as u64 != end - start {
-        return Err(net(format!("{url}: the server ignored the Range request (HTTP {})", resp.status())));
+        return Err(net(format!(
+            "{url}: the server ignored the Range request (HTTP {})",
+            resp.status()
+        )));
     }
     Ok(bytes)
 }
@@ -37,7 +48,8 @@ pub async fn load_url(
     on_progress: &mut dyn FnMut(crate::loader::Progress),
 ) -> Result<crate::loader::LoadedModel> {
     // Both callbacks need the loader: the size one creates it, the chunk one feeds it.
-    let loader: std::cell::RefCell<Option<crate::loader::StreamLoader>> = std::cell::RefCell::new(None);
+    let loader: std::cell::RefCell<Option<crate::loader::StreamLoader>> =
+        std::cell::RefCell::new(None);
     stream(
         url,
         &mut |size| {

@@ -70,11 +70,17 @@ pub fn net(msg: impl Into<String>) -> Error {
 }
 
 pub fn aborted() -> Error {
-    Error::new(ErrorCode::Aborted, "the load was aborted (its AbortSignal fired); nothing is left on the GPU")
+    Error::new(
+        ErrorCode::Aborted,
+        "the load was aborted (its AbortSignal fired); nothing is left on the GPU",
+    )
 }
 
 pub fn js_msg(v: &JsValue) -> String {
-    v.dyn_ref::<js_sys::Error>().map(|e| String::from(e.message())).or_else(|| v.as_string()).unwrap_or_else(|| format!("{v:?}"))
+    v.dyn_ref::<js_sys::Error>()
+        .map(|e| String::from(e.message()))
+        .or_else(|| v.as_string())
+        .unwrap_or_else(|| format!("{v:?}"))
 }
 
 /// What a chunk consumer sees: each chunk, in order. Returning an error stops the read.
@@ -123,7 +129,12 @@ async fn pump(
 
 /// `fetch(url)` in a window or a worker: from byte `from` on when non-zero, up to byte `to`
 /// (exclusive) when given, each as an HTTP Range request.
-pub(crate) async fn fetch(url: &str, from: u64, to: Option<u64>, abort: &Abort) -> Result<web_sys::Response> {
+pub(crate) async fn fetch(
+    url: &str,
+    from: u64,
+    to: Option<u64>,
+    abort: &Abort,
+) -> Result<web_sys::Response> {
     let global = js_sys::global();
     let f: Function = Reflect::get(&global, &"fetch".into())
         .ok()
@@ -131,9 +142,15 @@ pub(crate) async fn fetch(url: &str, from: u64, to: Option<u64>, abort: &Abort) 
         .ok_or_else(|| net("this environment has no fetch()"))?;
     let init = js_sys::Object::new();
     if from > 0 || to.is_some() {
-        let end = to.map(|t| t.saturating_sub(1).to_string()).unwrap_or_default();
+        let end = to
+            .map(|t| t.saturating_sub(1).to_string())
+            .unwrap_or_default();
         let headers = js_sys::Object::new();
-        let _ = Reflect::set(&headers, &"Range".into(), &format!("bytes={from}-{end}").into());
+        let _ = Reflect::set(
+            &headers,
+            &"Range".into(),
+            &format!("bytes={from}-{end}").into(),
+        );
         let _ = Reflect::set(&init, &"headers".into(), &headers);
     }
     if let Some(s) = &abort.0 {
@@ -151,20 +168,32 @@ pub(crate) async fn fetch(url: &str, from: u64, to: Option<u64>, abort: &Abort) 
             net(format!("could not reach {url}: {}; check the URL, the server's CORS headers and your connection", js_msg(&e)))
         }
     })?;
-    let resp: web_sys::Response = resp.dyn_into().map_err(|_| net("fetch did not resolve to a Response"))?;
+    let resp: web_sys::Response = resp
+        .dyn_into()
+        .map_err(|_| net("fetch did not resolve to a Response"))?;
     if !resp.ok() {
-        return Err(net(format!("{url} answered HTTP {} {}", resp.status(), resp.status_text())));
+        return Err(net(format!(
+            "{url} answered HTTP {} {}",
+            resp.status(),
+            resp.status_text()
+        )));
     }
     Ok(resp)
 }
 
 fn content_length(resp: &web_sys::Response) -> Option<u64> {
-    resp.headers().get("content-length").ok().flatten().and_then(|s| s.parse::<u64>().ok())
+    resp.headers()
+        .get("content-length")
+        .ok()
+        .flatten()
+        .and_then(|s| s.parse::<u64>().ok())
 }
 
 /// The Cache API's `caches`, when this context has it (secure contexts only).
 fn caches() -> Option<web_sys::CacheStorage> {
-    Reflect::get(&js_sys::global(), &"caches".into()).ok().and_then(|c| c.dyn_into().ok())
+    Reflect::get(&js_sys::global(), &"caches".into())
+        .ok()
+        .and_then(|c| c.dyn_into().ok())
 }
 
 async fn open_cache(name: &str) -> Option<web_sys::Cache> {
@@ -207,13 +236,25 @@ pub async fn read(
         Source::Url(url) => read_url(url, cache, abort, &mut buf, on_size, on_chunk).await,
         Source::Blob(b) => {
             on_size(Some(b.size() as u64), Origin::File)?;
-            let r = pump(&b.stream(), abort, &mut buf, on_chunk).await.map_err(|e| net(format!("reading the file failed: {}", js_msg(&e))))?;
-            r.map(|_| ReadReport { origin: Origin::File, resumes: 0, cached: false })
+            let r = pump(&b.stream(), abort, &mut buf, on_chunk)
+                .await
+                .map_err(|e| net(format!("reading the file failed: {}", js_msg(&e))))?;
+            r.map(|_| ReadReport {
+                origin: Origin::File,
+                resumes: 0,
+                cached: false,
+            })
         }
         Source::Stream(s) => {
             on_size(None, Origin::Stream)?;
-            let r = pump(s, abort, &mut buf, on_chunk).await.map_err(|e| net(format!("the stream failed: {}", js_msg(&e))))?;
-            r.map(|_| ReadReport { origin: Origin::Stream, resumes: 0, cached: false })
+            let r = pump(s, abort, &mut buf, on_chunk)
+                .await
+                .map_err(|e| net(format!("the stream failed: {}", js_msg(&e))))?;
+            r.map(|_| ReadReport {
+                origin: Origin::Stream,
+                resumes: 0,
+                cached: false,
+            })
         }
         Source::Bytes(u) => {
             let n = u.length();
@@ -228,7 +269,11 @@ pub async fn read(
                 on_chunk(&buf)?;
                 at = end;
             }
-            Ok(ReadReport { origin: Origin::Memory, resumes: 0, cached: false })
+            Ok(ReadReport {
+                origin: Origin::Memory,
+                resumes: 0,
+                cached: false,
+            })
         }
     }
 }
@@ -251,8 +296,17 @@ async fn read_url(
             if let Ok(resp) = hit.dyn_into::<web_sys::Response>() {
                 if let Some(body) = resp.body() {
                     on_size(content_length(&resp), Origin::Cache)?;
-                    let r = pump(&body, abort, buf, on_chunk).await.map_err(|e| net(format!("reading {url} from the cache failed: {}", js_msg(&e))))?;
-                    return r.map(|_| ReadReport { origin: Origin::Cache, resumes: 0, cached: true });
+                    let r = pump(&body, abort, buf, on_chunk).await.map_err(|e| {
+                        net(format!(
+                            "reading {url} from the cache failed: {}",
+                            js_msg(&e)
+                        ))
+                    })?;
+                    return r.map(|_| ReadReport {
+                        origin: Origin::Cache,
+                        resumes: 0,
+                        cached: true,
+                    });
                 }
             }
         }
@@ -282,13 +336,17 @@ async fn read_url(
                 resp.status()
             )));
         }
-        let body = resp.body().ok_or_else(|| net(format!("{url}: the response has no body")))?;
+        let body = resp
+            .body()
+            .ok_or_else(|| net(format!("{url}: the response has no body")))?;
         // On the first full response, tee the body: one branch to the GPU, one to the cache.
         let body = match (&cache, reached) {
             (Some(c), 0) => {
                 let branches = body.tee();
-                let (a, b): (web_sys::ReadableStream, web_sys::ReadableStream) =
-                    (branches.get(0).unchecked_into(), branches.get(1).unchecked_into());
+                let (a, b): (web_sys::ReadableStream, web_sys::ReadableStream) = (
+                    branches.get(0).unchecked_into(),
+                    branches.get(1).unchecked_into(),
+                );
                 let init = web_sys::ResponseInit::new();
                 let headers = web_sys::Headers::new().map_err(|e| net(js_msg(&e)))?;
                 if let Some(t) = total {
@@ -296,11 +354,15 @@ async fn read_url(
                 }
                 let _ = headers.set("content-type", "application/octet-stream");
                 init.set_headers(&headers);
-                if let Ok(r) = web_sys::Response::new_with_opt_readable_stream_and_init(Some(&b), &init) {
+                if let Ok(r) =
+                    web_sys::Response::new_with_opt_readable_stream_and_init(Some(&b), &init)
+                {
                     let p = c.put_with_str(url, &r);
                     // A failed put (quota, a dropped connection) is not a failed load: the caught
                     // promise resolves to `false` then.
-                    let catch: Option<Function> = Reflect::get(&p, &"catch".into()).ok().and_then(|f| f.dyn_into().ok());
+                    let catch: Option<Function> = Reflect::get(&p, &"catch".into())
+                        .ok()
+                        .and_then(|f| f.dyn_into().ok());
                     put = catch
                         .and_then(|f| f.call1(&p, &Function::new_no_args("return false")).ok())
                         .and_then(|v| v.dyn_into::<Promise>().ok());
@@ -322,7 +384,12 @@ async fn read_url(
                 resumes += 1;
                 sleep_ms(200 * resumes).await;
             }
-            Ok(Ok(())) => return Err(net(format!("the download of {url} ended at byte {reached} of {:?}", total))),
+            Ok(Ok(())) => {
+                return Err(net(format!(
+                    "the download of {url} ended at byte {reached} of {:?}",
+                    total
+                )))
+            }
             Ok(Err(e)) => return Err(e),
             Err(e) => {
                 abort.check()?;
@@ -332,10 +399,17 @@ async fn read_url(
     }
     // Wait for the cache copy, so the next load finds it.
     let cached = match put {
-        Some(p) => JsFuture::from(p).await.map(|v| v != JsValue::FALSE).unwrap_or(false),
+        Some(p) => JsFuture::from(p)
+            .await
+            .map(|v| v != JsValue::FALSE)
+            .unwrap_or(false),
         None => false,
     };
-    Ok(ReadReport { origin: Origin::Network, resumes, cached })
+    Ok(ReadReport {
+        origin: Origin::Network,
+        resumes,
+        cached,
+    })
 }
 
 /// Remove `url` from the cache (after an integrity failure).
@@ -348,7 +422,9 @@ pub async fn evict(cache: &str, url: &str) {
 pub async fn sleep_ms(ms: u32) {
     let p = Promise::new(&mut |resolve, _| {
         let global = js_sys::global();
-        if let Ok(f) = Reflect::get(&global, &"setTimeout".into()).and_then(|f| f.dyn_into::<Function>()) {
+        if let Ok(f) =
+            Reflect::get(&global, &"setTimeout".into()).and_then(|f| f.dyn_into::<Function>())
+        {
             let _ = f.call2(&global, &resolve, &JsValue::from(ms));
         } else {
             let _ = resolve.call0(&JsValue::NULL);
@@ -363,7 +439,9 @@ pub fn split_urls(url: &str) -> Vec<String> {
         Some(i) => (&url[..i], &url[i..]),
         None => (url, ""),
     };
-    let Some(stem) = path.strip_suffix(".gguf") else { return vec![url.to_string()] };
+    let Some(stem) = path.strip_suffix(".gguf") else {
+        return vec![url.to_string()];
+    };
     let b = stem.as_bytes();
     // ...-NNNNN-of-MMMMM
     if b.len() < 15 || &stem[stem.len() - 9..stem.len() - 5] != "-of-" || b[b.len() - 15] != b'-' {
@@ -371,12 +449,16 @@ pub fn split_urls(url: &str) -> Vec<String> {
     }
     let no = &stem[stem.len() - 14..stem.len() - 9];
     let count = &stem[stem.len() - 5..];
-    let (Ok(no), Ok(count)) = (no.parse::<u32>(), count.parse::<u32>()) else { return vec![url.to_string()] };
+    let (Ok(no), Ok(count)) = (no.parse::<u32>(), count.parse::<u32>()) else {
+        return vec![url.to_string()];
+    };
     if no != 1 || count < 2 {
         return vec![url.to_string()];
     }
     let base = &stem[..stem.len() - 15];
-    (1..=count).map(|i| format!("{base}-{i:05}-of-{count:05}.gguf{query}")).collect()
+    (1..=count)
+        .map(|i| format!("{base}-{i:05}-of-{count:05}.gguf{query}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -388,8 +470,15 @@ mod tests {
         assert_eq!(split_urls("/m/a.gguf"), vec!["/m/a.gguf"]);
         assert_eq!(
             split_urls("/m/a-00001-of-00003.gguf?x=1"),
-            vec!["/m/a-00001-of-00003.gguf?x=1", "/m/a-00002-of-00003.gguf?x=1", "/m/a-00003-of-00003.gguf?x=1"]
+            vec![
+                "/m/a-00001-of-00003.gguf?x=1",
+                "/m/a-00002-of-00003.gguf?x=1",
+                "/m/a-00003-of-00003.gguf?x=1"
+            ]
         );
-        assert_eq!(split_urls("/m/a-00002-of-00003.gguf"), vec!["/m/a-00002-of-00003.gguf"]);
+        assert_eq!(
+            split_urls("/m/a-00002-of-00003.gguf"),
+            vec!["/m/a-00002-of-00003.gguf"]
+        );
     }
 }

@@ -55,7 +55,9 @@ impl Rng {
 }
 
 pub async fn context() -> cera_web::gpu::GpuContext {
-    cera_web::gpu::GpuContext::new(&Default::default()).await.expect("a GPU adapter (lavapipe natively, SwiftShader in Chrome)")
+    cera_web::gpu::GpuContext::new(&Default::default())
+        .await
+        .expect("a GPU adapter (lavapipe natively, SwiftShader in Chrome)")
 }
 
 /// A tiny llama-architecture GGUF made here from a seed, with a SentencePiece vocabulary so a
@@ -67,7 +69,8 @@ pub async fn context() -> cera_web::gpu::GpuContext {
 /// its logit (0) stays far below the best ones (about +5) and generation runs to its length.
 pub fn tiny_llama_gguf(seed: u64, n_layer: u32, eog: bool) -> Vec<u8> {
     use cera_web::gguf::GgufWriter;
-    let (n_vocab, n_embd, n_head, n_head_kv, head_dim, n_ff) = (256u64, 64u64, 4u64, 2u64, 16u64, 128u64);
+    let (n_vocab, n_embd, n_head, n_head_kv, head_dim, n_ff) =
+        (256u64, 64u64, 4u64, 2u64, 16u64, 128u64);
     let mut rng = Rng::new(seed);
     let mut w = GgufWriter::new();
     w.meta("general.architecture", "llama");
@@ -83,29 +86,89 @@ pub fn tiny_llama_gguf(seed: u64, n_layer: u32, eog: bool) -> Vec<u8> {
     let mut tokens = vec!["<unk>".to_string(), "<s>".to_string(), "</s>".to_string()];
     tokens.extend((3..n_vocab).map(|i| format!("\u{2581}w{i}")));
     w.meta("tokenizer.ggml.tokens", tokens);
-    w.meta("tokenizer.ggml.scores", (0..n_vocab).map(|i| -(i as f32)).collect::<Vec<f32>>());
-    w.meta("tokenizer.ggml.token_type", (0..n_vocab).map(|i| if i < 3 { 3i32 } else { 1 }).collect::<Vec<i32>>());
+    w.meta(
+        "tokenizer.ggml.scores",
+        (0..n_vocab).map(|i| -(i as f32)).collect::<Vec<f32>>(),
+    );
+    w.meta(
+        "tokenizer.ggml.token_type",
+        (0..n_vocab)
+            .map(|i| if i < 3 { 3i32 } else { 1 })
+            .collect::<Vec<i32>>(),
+    );
     // Matrices N(0, 1/n_in)-sized (uniform of the same scale), so activations stay O(1).
     let mut mat = |w: &mut GgufWriter, name: String, n_in: u64, n_out: u64, scale: f32| {
         let s = scale * (3.0 / n_in as f32).sqrt();
-        let v: Vec<f32> = rng.vec((n_in * n_out) as usize).into_iter().map(|x| x * s).collect();
+        let v: Vec<f32> = rng
+            .vec((n_in * n_out) as usize)
+            .into_iter()
+            .map(|x| x * s)
+            .collect();
         w.tensor_f32(name, &[n_in, n_out], &v);
     };
     mat(&mut w, "token_embd.weight".into(), n_embd, n_vocab, 8.0);
     for l in 0..n_layer {
-        w.tensor_f32(format!("blk.{l}.attn_norm.weight"), &[n_embd], &vec![1.0; n_embd as usize]);
-        mat(&mut w, format!("blk.{l}.attn_q.weight"), n_embd, n_head * head_dim, 1.0);
-        mat(&mut w, format!("blk.{l}.attn_k.weight"), n_embd, n_head_kv * head_dim, 1.0);
-        mat(&mut w, format!("blk.{l}.attn_v.weight"), n_embd, n_head_kv * head_dim, 1.0);
-        mat(&mut w, format!("blk.{l}.attn_output.weight"), n_head * head_dim, n_embd, 1.0);
-        w.tensor_f32(format!("blk.{l}.ffn_norm.weight"), &[n_embd], &vec![1.0; n_embd as usize]);
-        mat(&mut w, format!("blk.{l}.ffn_gate.weight"), n_embd, n_ff, 1.0);
+        w.tensor_f32(
+            format!("blk.{l}.attn_norm.weight"),
+            &[n_embd],
+            &vec![1.0; n_embd as usize],
+        );
+        mat(
+            &mut w,
+            format!("blk.{l}.attn_q.weight"),
+            n_embd,
+            n_head * head_dim,
+            1.0,
+        );
+        mat(
+            &mut w,
+            format!("blk.{l}.attn_k.weight"),
+            n_embd,
+            n_head_kv * head_dim,
+            1.0,
+        );
+        mat(
+            &mut w,
+            format!("blk.{l}.attn_v.weight"),
+            n_embd,
+            n_head_kv * head_dim,
+            1.0,
+        );
+        mat(
+            &mut w,
+            format!("blk.{l}.attn_output.weight"),
+            n_head * head_dim,
+            n_embd,
+            1.0,
+        );
+        w.tensor_f32(
+            format!("blk.{l}.ffn_norm.weight"),
+            &[n_embd],
+            &vec![1.0; n_embd as usize],
+        );
+        mat(
+            &mut w,
+            format!("blk.{l}.ffn_gate.weight"),
+            n_embd,
+            n_ff,
+            1.0,
+        );
         mat(&mut w, format!("blk.{l}.ffn_up.weight"), n_embd, n_ff, 1.0);
-        mat(&mut w, format!("blk.{l}.ffn_down.weight"), n_ff, n_embd, 1.0);
+        mat(
+            &mut w,
+            format!("blk.{l}.ffn_down.weight"),
+            n_ff,
+            n_embd,
+            1.0,
+        );
     }
     w.tensor_f32("output_norm.weight", &[n_embd], &vec![1.0; n_embd as usize]);
     let s = 2.0 * (3.0 / n_embd as f32).sqrt();
-    let mut out: Vec<f32> = rng.vec((n_embd * n_vocab) as usize).into_iter().map(|x| x * s).collect();
+    let mut out: Vec<f32> = rng
+        .vec((n_embd * n_vocab) as usize)
+        .into_iter()
+        .map(|x| x * s)
+        .collect();
     if !eog {
         out[2 * n_embd as usize..3 * n_embd as usize].fill(0.0);
     }
@@ -114,7 +177,10 @@ pub fn tiny_llama_gguf(seed: u64, n_layer: u32, eog: bool) -> Vec<u8> {
 }
 
 /// Load GGUF bytes onto the GPU as the engine does (streamed in 64 KiB pieces).
-pub fn load_bytes(ctx: &cera_web::gpu::GpuContext, bytes: &[u8]) -> cera_web::error::Result<cera_web::loader::LoadedModel> {
+pub fn load_bytes(
+    ctx: &cera_web::gpu::GpuContext,
+    bytes: &[u8],
+) -> cera_web::error::Result<cera_web::loader::LoadedModel> {
     let mut loader = cera_web::loader::StreamLoader::new(ctx, Some(bytes.len() as u64));
     for chunk in bytes.chunks(64 << 10) {
         loader.push(chunk)?;

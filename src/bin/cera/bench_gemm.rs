@@ -13,20 +13,33 @@ use cera_web::ops::gemm::{self, GemmConfig, Kernel};
 use cera_web::ops::matmul::{self, MatmulConfig};
 use cera_web::{Error, Result};
 
-pub const USAGE: &str = "cera bench-gemm [--type q4_K] [--tokens 512] [--shapes llama|gemma | --rows R --cols C] \
+pub const USAGE: &str =
+    "cera bench-gemm [--type q4_K] [--tokens 512] [--shapes llama|gemma | --rows R --cols C] \
                          [--tiles \"BMxBNxBK:TMxTN;...\" | --sweep] [--no-registers] [--iters N]";
 
 /// `(name, rows, cols)` of the projections of Llama 3 8B (attention q/k/v/o, FFN gate/up/down).
-const LLAMA3_8B: &[(&str, u64, u64)] =
-    &[("attn_q", 4096, 4096), ("attn_k", 1024, 4096), ("ffn_up", 14336, 4096), ("ffn_down", 4096, 14336)];
+const LLAMA3_8B: &[(&str, u64, u64)] = &[
+    ("attn_q", 4096, 4096),
+    ("attn_k", 1024, 4096),
+    ("ffn_up", 14336, 4096),
+    ("ffn_down", 4096, 14336),
+];
 /// And of Gemma 3 270M.
-const GEMMA3_270M: &[(&str, u64, u64)] =
-    &[("attn_q", 1024, 640), ("attn_k", 256, 640), ("attn_output", 640, 1024), ("ffn_up", 2048, 640), ("ffn_down", 640, 2048)];
+const GEMMA3_270M: &[(&str, u64, u64)] = &[
+    ("attn_q", 1024, 640),
+    ("attn_k", 256, 640),
+    ("attn_output", 640, 1024),
+    ("ffn_up", 2048, 640),
+    ("ffn_down", 640, 2048),
+];
 
 pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
     let mut ty = GgmlType::Q4K;
     let mut n_tokens = 512u32;
-    let mut shapes: Vec<(String, u64, u64)> = LLAMA3_8B.iter().map(|&(n, r, c)| (n.to_string(), r, c)).collect();
+    let mut shapes: Vec<(String, u64, u64)> = LLAMA3_8B
+        .iter()
+        .map(|&(n, r, c)| (n.to_string(), r, c))
+        .collect();
     let (mut rows, mut cols) = (None, None);
     // None: the tile GemmConfig::for_shape picks for each shape.
     let mut tiles: Option<Vec<GemmConfig>> = None;
@@ -34,8 +47,15 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
     let mut iters = 0u32;
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        let mut value = || it.next().cloned().ok_or_else(|| Error::invalid(format!("{a} needs a value; usage: {USAGE}")));
-        let num = |v: String| v.parse::<u64>().map_err(|_| Error::invalid(format!("{a}: {v:?} is not a number")));
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| Error::invalid(format!("{a} needs a value; usage: {USAGE}")))
+        };
+        let num = |v: String| {
+            v.parse::<u64>()
+                .map_err(|_| Error::invalid(format!("{a}: {v:?} is not a number")))
+        };
         match a.as_str() {
             "--type" => {
                 let v = value()?;
@@ -53,12 +73,25 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
                 let table = match value()?.as_str() {
                     "llama" => LLAMA3_8B,
                     "gemma" => GEMMA3_270M,
-                    other => return Err(Error::invalid(format!("--shapes {other}: want llama or gemma"))),
+                    other => {
+                        return Err(Error::invalid(format!(
+                            "--shapes {other}: want llama or gemma"
+                        )))
+                    }
                 };
-                shapes = table.iter().map(|&(n, r, c)| (n.to_string(), r, c)).collect();
+                shapes = table
+                    .iter()
+                    .map(|&(n, r, c)| (n.to_string(), r, c))
+                    .collect();
             }
             "--tiles" => {
-                tiles = Some(value()?.split(';').filter(|t| !t.trim().is_empty()).map(str::parse).collect::<Result<_>>()?);
+                tiles = Some(
+                    value()?
+                        .split(';')
+                        .filter(|t| !t.trim().is_empty())
+                        .map(str::parse)
+                        .collect::<Result<_>>()?,
+                );
             }
             "--sweep" => {
                 tiles = Some(
@@ -78,7 +111,11 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
                 );
             }
             "--no-registers" => registers = false,
-            other => return Err(Error::invalid(format!("unknown option {other}; usage: {USAGE}"))),
+            other => {
+                return Err(Error::invalid(format!(
+                    "unknown option {other}; usage: {USAGE}"
+                )))
+            }
         }
     }
     match (rows, cols) {
@@ -87,7 +124,9 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
         _ => return Err(Error::invalid("--rows and --cols go together")),
     }
     for (name, r, c) in &shapes {
-        let tiles = tiles.clone().unwrap_or_else(|| vec![GemmConfig::for_shape(ctx, *r, n_tokens)]);
+        let tiles = tiles
+            .clone()
+            .unwrap_or_else(|| vec![GemmConfig::for_shape(ctx, *r, n_tokens)]);
         let mut kernels: Vec<Kernel> = tiles.into_iter().map(Kernel::Tiled).collect();
         if registers {
             kernels.push(Kernel::Registers(MatmulConfig::gemm(ctx)));
@@ -95,7 +134,11 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
         // About 20 GFLOP per sample unless told (a few ms on a big GPU, so the submit and the
         // readback do not dominate; on a CPU adapter pass a small --iters).
         let flops = 2.0 * *r as f64 * *c as f64 * n_tokens as f64;
-        let n = if iters > 0 { iters } else { (2e10 / flops).clamp(3.0, 1000.0) as u32 };
+        let n = if iters > 0 {
+            iters
+        } else {
+            (2e10 / flops).clamp(3.0, 1000.0) as u32
+        };
         for k in &kernels {
             let gflops = pollster::block_on(gemm::bench_kernel(ctx, *k, ty, *r, *c, n_tokens, n))?;
             let kernel = match k {

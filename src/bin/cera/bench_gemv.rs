@@ -9,16 +9,25 @@ use cera_web::ops::matmul::{self, MatmulConfig};
 use cera_web::ops::matmul_bench::{self, BenchOptions, BenchRow};
 use cera_web::{Error, Result};
 
-pub const USAGE: &str = "cera bench-gemv [--quick] [--json] [--types q8_0,q4_K,...] [--shapes gemma|llama|all] \
+pub const USAGE: &str =
+    "cera bench-gemv [--quick] [--json] [--types q8_0,q4_K,...] [--shapes gemma|llama|all] \
                          [--configs \"wg256 tpr32 nt1;...\"] [--secs S]";
 
 fn parse(args: &[String]) -> Result<(BenchOptions, bool)> {
     let quick = args.iter().any(|a| a == "--quick");
-    let mut opts = if quick { BenchOptions::quick() } else { BenchOptions::full() };
+    let mut opts = if quick {
+        BenchOptions::quick()
+    } else {
+        BenchOptions::full()
+    };
     let mut json = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        let mut value = || it.next().cloned().ok_or_else(|| Error::invalid(format!("{a} needs a value; usage: {USAGE}")));
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| Error::invalid(format!("{a} needs a value; usage: {USAGE}")))
+        };
         match a.as_str() {
             "--quick" => {}
             "--json" => json = true,
@@ -31,7 +40,9 @@ fn parse(args: &[String]) -> Result<(BenchOptions, bool)> {
                             .iter()
                             .map(|(t, _)| *t)
                             .find(|t: &GgmlType| t.name().eq_ignore_ascii_case(n))
-                            .ok_or_else(|| Error::invalid(format!("unknown or unsupported type {n}")))
+                            .ok_or_else(|| {
+                                Error::invalid(format!("unknown or unsupported type {n}"))
+                            })
                     })
                     .collect::<Result<_>>()?;
             }
@@ -39,16 +50,38 @@ fn parse(args: &[String]) -> Result<(BenchOptions, bool)> {
                 opts.shapes = match value()?.as_str() {
                     "gemma" => matmul_bench::GEMMA3_270M.to_vec(),
                     "llama" => matmul_bench::LLAMA3_8B.to_vec(),
-                    "all" => matmul_bench::GEMMA3_270M.iter().chain(matmul_bench::LLAMA3_8B.iter()).copied().collect(),
+                    "all" => matmul_bench::GEMMA3_270M
+                        .iter()
+                        .chain(matmul_bench::LLAMA3_8B.iter())
+                        .copied()
+                        .collect(),
                     "quick" => matmul_bench::QUICK.to_vec(),
-                    other => return Err(Error::invalid(format!("--shapes {other}: want gemma, llama, all or quick"))),
+                    other => {
+                        return Err(Error::invalid(format!(
+                            "--shapes {other}: want gemma, llama, all or quick"
+                        )))
+                    }
                 }
             }
             "--configs" => {
-                opts.configs = Some(value()?.split(';').filter(|c| !c.trim().is_empty()).map(str::parse::<MatmulConfig>).collect::<Result<_>>()?)
+                opts.configs = Some(
+                    value()?
+                        .split(';')
+                        .filter(|c| !c.trim().is_empty())
+                        .map(str::parse::<MatmulConfig>)
+                        .collect::<Result<_>>()?,
+                )
             }
-            "--secs" => opts.target_secs = value()?.parse().map_err(|_| Error::invalid("--secs needs a number"))?,
-            other => return Err(Error::invalid(format!("unknown argument {other}; usage: {USAGE}"))),
+            "--secs" => {
+                opts.target_secs = value()?
+                    .parse()
+                    .map_err(|_| Error::invalid("--secs needs a number"))?
+            }
+            other => {
+                return Err(Error::invalid(format!(
+                    "unknown argument {other}; usage: {USAGE}"
+                )))
+            }
         }
     }
     Ok((opts, json))
@@ -57,10 +90,22 @@ fn parse(args: &[String]) -> Result<(BenchOptions, bool)> {
 pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
     let (opts, json) = parse(args)?;
     if !json {
-        println!("adapter: {} ({}, {})", ctx.adapter.name, ctx.adapter.backend, ctx.adapter.device_type);
+        println!(
+            "adapter: {} ({}, {})",
+            ctx.adapter.name, ctx.adapter.backend, ctx.adapter.device_type
+        );
         println!(
             "{:<6} {:<28} {:>15} {:<24} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6}",
-            "type", "shape", "rows x cols", "kernel", "MB", "us/gemv", "GB/s", "copy GB/s", "read GB/s", "ratio"
+            "type",
+            "shape",
+            "rows x cols",
+            "kernel",
+            "MB",
+            "us/gemv",
+            "GB/s",
+            "copy GB/s",
+            "read GB/s",
+            "ratio"
         );
     }
     let mut print = |r: &BenchRow| {

@@ -35,14 +35,19 @@ impl Flags {
         while i < args.len() {
             let a = &args[i];
             let Some(name) = a.strip_prefix("--") else {
-                return Err(Error::invalid(format!("unexpected argument {a:?}\n{}", usage())));
+                return Err(Error::invalid(format!(
+                    "unexpected argument {a:?}\n{}",
+                    usage()
+                )));
             };
             let bare = matches!(name, "chat" | "json" | "profile" | "json-object");
             if bare {
                 m.insert(name.to_string(), String::new());
                 i += 1;
             } else {
-                let v = args.get(i + 1).ok_or_else(|| Error::invalid(format!("--{name} needs a value")))?;
+                let v = args
+                    .get(i + 1)
+                    .ok_or_else(|| Error::invalid(format!("--{name} needs a value")))?;
                 m.insert(name.to_string(), v.clone());
                 i += 2;
             }
@@ -53,12 +58,17 @@ impl Flags {
         self.0.contains_key(k)
     }
     fn str(&self, k: &str) -> Result<&str> {
-        self.0.get(k).map(String::as_str).ok_or_else(|| Error::invalid(format!("--{k} is required\n{}", usage())))
+        self.0
+            .get(k)
+            .map(String::as_str)
+            .ok_or_else(|| Error::invalid(format!("--{k} is required\n{}", usage())))
     }
     fn num<T: std::str::FromStr>(&self, k: &str, default: T) -> Result<T> {
         match self.0.get(k) {
             None => Ok(default),
-            Some(v) => v.parse().map_err(|_| Error::invalid(format!("--{k}: {v:?} is not a valid number"))),
+            Some(v) => v
+                .parse()
+                .map_err(|_| Error::invalid(format!("--{k}: {v:?} is not a valid number"))),
         }
     }
 }
@@ -79,13 +89,22 @@ pub fn generate(f: &Flags) -> Result<()> {
     let (ctx, model, tok) = open_model(f.str("model")?)?;
     let prompt = f.str("prompt")?;
     let text = if f.has("chat") {
-        render_for_model(&model.weights.header, &tok, &[ChatMessage::user(prompt)], true)?
+        render_for_model(
+            &model.weights.header,
+            &tok,
+            &[ChatMessage::user(prompt)],
+            true,
+        )?
     } else {
         prompt.to_string()
     };
     let ids = tok.encode(&text, true, f.has("chat"));
     let n_ctx = f.num("ctx", 2048u32)?.min(model.hp.n_ctx_train.max(16));
-    let opts = SessionOptions { n_ctx, n_keep: f.num("n-keep", 0u32)?, ..Default::default() };
+    let opts = SessionOptions {
+        n_ctx,
+        n_keep: f.num("n-keep", 0u32)?,
+        ..Default::default()
+    };
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts)?;
     let defaults = SamplerParams::default();
     let sampler = SamplerParams {
@@ -97,7 +116,12 @@ pub fn generate(f: &Flags) -> Result<()> {
         seed: f.num("seed", defaults.seed)?,
         ..defaults
     };
-    let gen = GenerateOptions { max_tokens: f.num("max-tokens", 128u32)?, stop: Vec::new(), sampler, constraint: constraint_flags(f)? };
+    let gen = GenerateOptions {
+        max_tokens: f.num("max-tokens", 128u32)?,
+        stop: Vec::new(),
+        sampler,
+        constraint: constraint_flags(f)?,
+    };
     let json = f.has("json");
     let mut out = std::io::stdout().lock();
     let stats = pollster::block_on(session.generate(&ids, &gen, &mut |id, piece| {
@@ -130,13 +154,19 @@ fn read_text(path: &str) -> Result<String> {
 /// `--json-schema FILE`, `--json-object`, `--grammar FILE` (GBNF when it ends in `.gbnf` or
 /// defines rules with `::=`, else llguidance Lark), `--regex R`: at most one.
 fn constraint_flags(f: &Flags) -> Result<Option<ConstraintSpec>> {
-    let given = ["json-schema", "json-object", "grammar", "regex"].iter().filter(|k| f.has(k)).count();
+    let given = ["json-schema", "json-object", "grammar", "regex"]
+        .iter()
+        .filter(|k| f.has(k))
+        .count();
     if given > 1 {
-        return Err(Error::invalid("give at most one of --json-schema, --json-object, --grammar and --regex"));
+        return Err(Error::invalid(
+            "give at most one of --json-schema, --json-object, --grammar and --regex",
+        ));
     }
     if f.has("json-schema") {
         let path = f.str("json-schema")?;
-        let schema = serde_json::from_str(&read_text(path)?).map_err(|e| Error::invalid(format!("{path} is not JSON: {e}")))?;
+        let schema = serde_json::from_str(&read_text(path)?)
+            .map_err(|e| Error::invalid(format!("{path} is not JSON: {e}")))?;
         return Ok(Some(ConstraintSpec::JsonSchema(schema)));
     }
     if f.has("json-object") {
@@ -146,7 +176,11 @@ fn constraint_flags(f: &Flags) -> Result<Option<ConstraintSpec>> {
         let path = f.str("grammar")?;
         let text = read_text(path)?;
         let gbnf = path.ends_with(".gbnf") || (!path.ends_with(".lark") && text.contains("::="));
-        return Ok(Some(if gbnf { ConstraintSpec::Gbnf(text) } else { ConstraintSpec::Lark(text) }));
+        return Ok(Some(if gbnf {
+            ConstraintSpec::Gbnf(text)
+        } else {
+            ConstraintSpec::Lark(text)
+        }));
     }
     if f.has("regex") {
         return Ok(Some(ConstraintSpec::Regex(f.str("regex")?.to_string())));
@@ -167,7 +201,11 @@ pub fn score_cmd(f: &Flags) -> Result<()> {
         .str("tokens")?
         .split(',')
         .filter(|s| !s.trim().is_empty())
-        .map(|s| s.trim().parse().map_err(|_| Error::invalid(format!("--tokens: {s:?} is not a token id"))))
+        .map(|s| {
+            s.trim()
+                .parse()
+                .map_err(|_| Error::invalid(format!("--tokens: {s:?} is not a token id")))
+        })
         .collect::<Result<_>>()?;
     if ids.is_empty() {
         return Err(Error::invalid("--tokens is empty"));
@@ -187,7 +225,12 @@ pub fn bench(f: &Flags) -> Result<()> {
     let n_gen = f.num("gen-tokens", 128u32)?;
     let runs = f.num("runs", 3u32)?.max(1);
     let profile = f.has("profile");
-    let report = pollster::block_on(cera_web::generate::bench::run(&ctx, &model, &tok, n_prompt, n_gen, runs, profile))?;
-    println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+    let report = pollster::block_on(cera_web::generate::bench::run(
+        &ctx, &model, &tok, n_prompt, n_gen, runs, profile,
+    ))?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    );
     Ok(())
 }

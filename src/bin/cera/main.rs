@@ -7,9 +7,9 @@
 fn main() {}
 
 #[cfg(not(target_arch = "wasm32"))]
-mod bench_gemv;
-#[cfg(not(target_arch = "wasm32"))]
 mod bench_gemm;
+#[cfg(not(target_arch = "wasm32"))]
+mod bench_gemv;
 #[cfg(not(target_arch = "wasm32"))]
 mod inspect;
 #[cfg(not(target_arch = "wasm32"))]
@@ -52,7 +52,11 @@ fn main() {
             });
             if let Err(e) = run {
                 eprintln!("error: {e}");
-                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument { 2 } else { 1 });
+                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument {
+                    2
+                } else {
+                    1
+                });
             }
         }
         Some("inspect") => {
@@ -60,7 +64,10 @@ fn main() {
                 eprintln!("usage: cera inspect MODEL.gguf [--json]");
                 std::process::exit(2);
             };
-            if let Err(e) = inspect::run(std::path::Path::new(path), args.iter().any(|a| a == "--json")) {
+            if let Err(e) = inspect::run(
+                std::path::Path::new(path),
+                args.iter().any(|a| a == "--json"),
+            ) {
                 eprintln!("error: {e}");
                 std::process::exit(1);
             }
@@ -92,14 +99,22 @@ fn main() {
             let ctx = open();
             if let Err(e) = bench_gemm::run(&ctx, &args[2..]) {
                 eprintln!("error: {e}");
-                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument { 2 } else { 1 });
+                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument {
+                    2
+                } else {
+                    1
+                });
             }
         }
         Some("bench-gemv") => {
             let ctx = open();
             if let Err(e) = bench_gemv::run(&ctx, &args[2..]) {
                 eprintln!("error: {e}");
-                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument { 2 } else { 1 });
+                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument {
+                    2
+                } else {
+                    1
+                });
             }
         }
         _ => {
