@@ -233,7 +233,7 @@ impl KvCache {
         let cb = self.cell_bytes() as usize;
         let n = k.len() * 4 / cb;
         if k.len() != v.len()
-            || k.len() * 4 % cb != 0
+            || !(k.len() * 4).is_multiple_of(cb)
             || cell as usize + n > self.cfg.n_ctx as usize
             || layer >= self.layers.len()
         {

@@ -39,8 +39,8 @@ impl RopeConfig {
 
     pub fn validate(&self) -> Result<()> {
         if self.head_dim == 0
-            || self.head_dim % 2 != 0
-            || self.n_rot % 2 != 0
+            || !self.head_dim.is_multiple_of(2)
+            || !self.n_rot.is_multiple_of(2)
             || self.n_rot > self.head_dim
         {
             return Err(Error::invalid(format!(

@@ -2,6 +2,8 @@
 //! shifted must equal the same raw vector roped at its new position. Runs natively and in
 //! headless Chrome.
 
+#![allow(clippy::needless_range_loop)] // index loops compare several arrays at one index
+
 mod common;
 
 use cera_web::generate::session::now_s;
@@ -58,7 +60,11 @@ impl Case {
 
     /// Layer `l`'s rope: layers alternate bases (as Gemma 3's local/global layers do).
     fn rope_cfg(&self, l: u32) -> RopeConfig {
-        let base = if l % 2 == 0 { 10000.0 } else { 1_000_000.0 };
+        let base = if l.is_multiple_of(2) {
+            10000.0
+        } else {
+            1_000_000.0
+        };
         let mut r = RopeConfig::new(self.head_dim as usize, base, self.rope);
         r.n_rot = self.n_rot as usize;
         if self.freq_factors {

@@ -70,7 +70,7 @@ fn row_max(v: &[f64], row_len: usize) -> Vec<f64> {
     v.chunks(row_len)
         .flat_map(|r| {
             let m = r.iter().fold(0.0f64, |a, x| a.max(x.abs()));
-            std::iter::repeat(m).take(r.len())
+            std::iter::repeat_n(m, r.len())
         })
         .collect()
 }

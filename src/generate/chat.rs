@@ -303,6 +303,35 @@ fn describe(e: &minijinja::Error) -> String {
     s
 }
 
+/// Render `messages` with a model's template (its own, else the built-in for its architecture),
+/// ready for `Tokenizer::encode(.., add_special = true, parse_special = true)`: a leading BOS
+/// the template wrote is removed, since the tokenizer adds it.
+pub fn render_for_model(
+    header: &crate::gguf::GgufHeader,
+    tok: &crate::tokenizer::Tokenizer,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+) -> Result<String> {
+    let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_string();
+    let (bos, eos) = (text_of(tok.bos_id()), text_of(tok.eos_id()));
+    let has = |t: &str| tok.token_id(t).is_some();
+    let arch = header.architecture().unwrap_or("");
+    let out = render_chat(
+        header.get_str("tokenizer.chat_template"),
+        arch,
+        &has,
+        messages,
+        add_generation_prompt,
+        &bos,
+        &eos,
+    )?;
+    Ok(if tok.add_bos() {
+        strip_leading_bos(&out, &bos).to_string()
+    } else {
+        out
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -467,33 +496,4 @@ mod tests {
             "HI"
         );
     }
-}
-
-/// Render `messages` with a model's template (its own, else the built-in for its architecture),
-/// ready for `Tokenizer::encode(.., add_special = true, parse_special = true)`: a leading BOS
-/// the template wrote is removed, since the tokenizer adds it.
-pub fn render_for_model(
-    header: &crate::gguf::GgufHeader,
-    tok: &crate::tokenizer::Tokenizer,
-    messages: &[ChatMessage],
-    add_generation_prompt: bool,
-) -> Result<String> {
-    let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_string();
-    let (bos, eos) = (text_of(tok.bos_id()), text_of(tok.eos_id()));
-    let has = |t: &str| tok.token_id(t).is_some();
-    let arch = header.architecture().unwrap_or("");
-    let out = render_chat(
-        header.get_str("tokenizer.chat_template"),
-        arch,
-        &has,
-        messages,
-        add_generation_prompt,
-        &bos,
-        &eos,
-    )?;
-    Ok(if tok.add_bos() {
-        strip_leading_bos(&out, &bos).to_string()
-    } else {
-        out
-    })
 }

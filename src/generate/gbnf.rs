@@ -230,8 +230,7 @@ impl<'a> Parser<'a> {
     /// A sequence of items up to `|`, `)` or (at the top level) the end of the line.
     fn sequence(&mut self, nested: bool) -> Result<String, GbnfError> {
         let mut items: Vec<String> = Vec::new();
-        loop {
-            let Some(c) = self.peek() else { break };
+        while let Some(c) = self.peek() {
             let item = match c {
                 b'"' => self.literal()?,
                 b'[' => self.class()?,

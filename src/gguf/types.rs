@@ -136,7 +136,7 @@ impl GgmlType {
     /// Bytes of a row of `n` elements, or `None` if `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let (be, bb) = self.block_geometry();
-        if n % be != 0 {
+        if !n.is_multiple_of(be) {
             return None;
         }
         (n / be).checked_mul(bb)

@@ -32,7 +32,7 @@ pub struct Dispatch {
 impl Dispatch {
     /// Record into `pass`; an empty grid records nothing.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
-        if self.grid.iter().any(|&g| g == 0) {
+        if self.grid.contains(&0) {
             return;
         }
         pass.set_pipeline(&self.pipe.pipeline);
@@ -41,7 +41,7 @@ impl Dispatch {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.grid.iter().any(|&g| g == 0)
+        self.grid.contains(&0)
     }
 }
 
@@ -77,7 +77,7 @@ impl<'c> Recorder<'c> {
         entries: &[wgpu::BindGroupEntry<'_>],
         grid: [u32; 3],
     ) {
-        if grid.iter().any(|&g| g == 0) {
+        if grid.contains(&0) {
             return;
         }
         let label = pipe.key.label();

@@ -87,7 +87,7 @@ impl State {
         let mut conds: Vec<Cond> = Vec::new();
         for (i, raw) in text.lines().enumerate() {
             let lineno = i as u32 + 1;
-            let active = conds.last().map_or(true, |c| c.taken && c.parent_active);
+            let active = conds.last().is_none_or(|c| c.taken && c.parent_active);
             let trimmed = raw.trim_start();
             let at = |msg: &str| Error::internal(format!("{name}:{lineno}: {msg}"));
             if let Some(dir) = trimmed.strip_prefix('#') {

@@ -153,7 +153,7 @@ impl HParams {
             || n_head_kv == 0
             || n_head % n_head_kv != 0
             || head_dim == 0
-            || head_dim % 2 != 0
+            || !head_dim.is_multiple_of(2)
         {
             return Err(Error::new(
                 ErrorCode::BadGguf,
@@ -312,7 +312,7 @@ impl HParams {
 
     /// Whether layer `l` applies rope to q and k (SmolLM3 leaves it out on every fourth layer).
     pub fn uses_rope(&self, l: u32) -> bool {
-        self.no_rope_step == 0 || (l + 1) % self.no_rope_step != 0
+        self.no_rope_step == 0 || !(l + 1).is_multiple_of(self.no_rope_step)
     }
 
     /// Whether layer `l` is a short-convolution layer (LFM2) rather than attention.

@@ -117,19 +117,19 @@ impl AttentionParams {
     /// Shape checks shared by [`encode`] and [`reference`].
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::invalid(format!("attention: {m}")));
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > MAX_HEAD_DIM {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.head_dim > MAX_HEAD_DIM {
             return bad(format!(
                 "head_dim {} must be even and at most {MAX_HEAD_DIM}",
                 self.head_dim
             ));
         }
-        if self.n_head == 0 || self.n_kv_head == 0 || self.n_head % self.n_kv_head != 0 {
+        if self.n_head == 0 || self.n_kv_head == 0 || !self.n_head.is_multiple_of(self.n_kv_head) {
             return bad(format!(
                 "n_head {} must be a positive multiple of n_kv_head {}",
                 self.n_head, self.n_kv_head
             ));
         }
-        if self.q_offset % 2 != 0 || self.out_offset % 2 != 0 {
+        if !self.q_offset.is_multiple_of(2) || !self.out_offset.is_multiple_of(2) {
             return bad(format!(
                 "q_offset {} and out_offset {} must be even",
                 self.q_offset, self.out_offset

@@ -99,7 +99,7 @@ impl SplitConfig {
     /// multiple of 4, or a shape beyond the workgroup memory, is an error.
     pub fn fit(self, ctx: &GpuContext, head_dim: u32, vec4: bool) -> Result<Self> {
         let bad = |m: String| Err(Error::invalid(format!("attention_split: {m}")));
-        if self.chunk == 0 || self.chunk % 4 != 0 {
+        if self.chunk == 0 || !self.chunk.is_multiple_of(4) {
             return bad(format!(
                 "chunk {} must be a positive multiple of 4",
                 self.chunk
@@ -192,7 +192,7 @@ pub fn variants() -> Vec<Variant> {
 
 /// Whether the call reads vec4: head_dim and both offsets multiples of 4.
 fn use_vec4(p: &AttentionParams) -> bool {
-    p.head_dim % 4 == 0 && p.q_offset % 4 == 0 && p.out_offset % 4 == 0
+    p.head_dim.is_multiple_of(4) && p.q_offset.is_multiple_of(4) && p.out_offset.is_multiple_of(4)
 }
 
 /// Bytes of scratch a call of `p` needs for runs of up to `max_cells` cells: per (token, head,

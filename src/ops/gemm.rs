@@ -185,10 +185,14 @@ impl GemmConfig {
         }
         // Thread (tx, ty) owns row slots tx + i * (bm / tm) for i < tm / 4: bm / tm threads of
         // tm / 4 vec4 slots cover bm / 4 slots when tm divides bm.
-        if self.bm % self.tm != 0 || self.bn % self.tn != 0 || self.bm == 0 || self.bn == 0 {
+        if !self.bm.is_multiple_of(self.tm)
+            || !self.bn.is_multiple_of(self.tn)
+            || self.bm == 0
+            || self.bn == 0
+        {
             return bad("bm must be a multiple of tm, bn of tn".into());
         }
-        if self.bk == 0 || self.bk % 8 != 0 {
+        if self.bk == 0 || !self.bk.is_multiple_of(8) {
             return bad("bk must be a positive multiple of 8 (the decode run)".into());
         }
         let wg = self.workgroup_size();

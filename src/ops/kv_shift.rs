@@ -79,6 +79,7 @@ pub fn variants() -> Vec<Variant> {
 /// - `k_cache`: `(n_ctx, n_kv_heads, head_dim)` f32 of one layer
 /// - `scratch`: at least `(count, n_kv_heads, head_dim)` f32
 /// - `cos_sin`: `(n_rot / 2, 2)` f32 from [`crate::rope::RopeConfig::delta_table`] of `-shift`
+#[allow(clippy::too_many_arguments)] // the op's buffers and shapes, each named at the call
 pub fn encode(
     ctx: &GpuContext,
     encoder: &mut wgpu::CommandEncoder,

@@ -220,7 +220,7 @@ impl MatmulConfig {
             .max(1)
             .next_power_of_two()
             .min(self.workgroup_size);
-        while self.workgroup_size % tpr != 0 {
+        while !self.workgroup_size.is_multiple_of(tpr) {
             tpr /= 2;
         }
         self.threads_per_row = tpr;
@@ -230,7 +230,9 @@ impl MatmulConfig {
         self.subgroup &= tpr > 1
             && ctx.features.contains(wgpu::Features::SUBGROUP)
             && tpr <= ctx.adapter.subgroup_min_size
-            && self.workgroup_size % ctx.adapter.subgroup_max_size.max(1) == 0;
+            && self
+                .workgroup_size
+                .is_multiple_of(ctx.adapter.subgroup_max_size.max(1));
         while tpr > 1
             && !self.subgroup
             && self.workgroup_size * self.tokens_per_thread * 4
@@ -245,7 +247,8 @@ impl MatmulConfig {
     /// This shape for one call: X as vec4 when the interleaved kernel can (every token's row of
     /// X starts at a multiple of 4 elements).
     pub fn for_x(mut self, x_offset: u64, cols: u64) -> Self {
-        self.x_vec4 = self.threads_per_row > 1 && x_offset % 4 == 0 && cols % 4 == 0;
+        self.x_vec4 =
+            self.threads_per_row > 1 && x_offset.is_multiple_of(4) && cols.is_multiple_of(4);
         self
     }
 
@@ -691,7 +694,7 @@ fn prepare_with(
     let ctx = rec.ctx;
     let delta = glu.map_or(0, |g| g.1);
     let mut cfg = cfg.fit(ctx).for_x(io.x_offset, w.cols);
-    cfg.x_vec4 &= io.x_stride % 4 == 0 && delta % 4 == 0;
+    cfg.x_vec4 &= io.x_stride.is_multiple_of(4) && delta.is_multiple_of(4);
     let pipe = ctx.pipeline(&key_glu(w.ty, cfg, glu.map(|g| g.2))?)?;
     let wg = pipe.decisions.workgroup_size;
     let rpw = wg / key_u32(&pipe.key, "TPR");

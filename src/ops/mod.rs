@@ -62,19 +62,17 @@ pub fn all_variants() -> Vec<Variant> {
     v
 }
 
-/// `(wgsl name, fields, size, shader)` of every params struct, for the layout test.
-pub fn all_params() -> Vec<(
+/// `(wgsl name, fields, size, shader)` of one params struct.
+pub type ParamsLayout = (
     &'static str,
     &'static [(&'static str, usize)],
     usize,
     &'static str,
-)> {
-    fn entry<T: WgslParams>() -> (
-        &'static str,
-        &'static [(&'static str, usize)],
-        usize,
-        &'static str,
-    ) {
+);
+
+/// The layout of every params struct, for the layout test.
+pub fn all_params() -> Vec<ParamsLayout> {
+    fn entry<T: WgslParams>() -> ParamsLayout {
         (T::WGSL_NAME, T::FIELDS, std::mem::size_of::<T>(), T::SHADER)
     }
     let mut v = vec![

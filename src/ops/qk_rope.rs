@@ -107,6 +107,7 @@ fn u32_of(what: &str, v: u64) -> Result<u32> {
 /// - `q`: `(n_tokens, n_head, head_dim)` f32 from element `q_offset`, roped (and normed) in place
 /// - `k`, `v`: `(n_tokens, n_kv_head, head_dim)` f32 from their offsets (read only)
 /// - `k_cache`, `v_cache`: `(n_ctx, n_kv_head, head_dim)` f32 of one layer
+///
 /// Separate q (roped in place), k and v inputs, each `(T, heads, head_dim)` from its offset.
 pub struct QkvBuffers<'a> {
     pub q: &'a wgpu::Buffer,

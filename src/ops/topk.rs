@@ -151,7 +151,7 @@ impl TopK {
         // A stage must shrink its input: CHUNK > TOPK and a multiple of it (powers of two).
         let wg = reduction_workgroup_size(ctx).max(TOPK.div_ceil(ITEMS) * 2);
         let chunk = (wg * ITEMS) as u64;
-        assert!(chunk % TOPK as u64 == 0 && chunk > TOPK as u64);
+        assert!(chunk.is_multiple_of(TOPK as u64) && chunk > TOPK as u64);
         let plan = plan_stages(n as u64, chunk, TOPK as u64);
         // One buffer for pairs + stats, so the result is a single copy: pairs at 0, stats after.
         let result = ctx.empty_storage("topk result", Self::RESULT_BYTES)?;

@@ -129,7 +129,7 @@ pub fn repack_rows(ty: GgmlType, cols: u64, src: &[u8], dst: &mut Vec<u8>) -> Re
             "a {ty} row of {cols} values is not a whole number of blocks"
         ))
     })? as usize;
-    if src.len() % gguf_row != 0 {
+    if !src.len().is_multiple_of(gguf_row) {
         return Err(Error::invalid(format!(
             "{} bytes of {ty} data is not a whole number of {gguf_row}-byte rows",
             src.len()

@@ -104,7 +104,7 @@ pub fn is_supported(ty: GgmlType) -> bool {
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
     let kernel = kernel(ty).ok_or(QuantError::Unsupported(ty))?;
     let (block_elems, block_bytes) = geometry(ty);
-    if bytes.len() % block_bytes != 0 {
+    if !bytes.len().is_multiple_of(block_bytes) {
         return Err(QuantError::PartialBlock {
             ty,
             len: bytes.len(),
@@ -149,7 +149,7 @@ pub fn dequantize_row(
         return Err(QuantError::Unsupported(ty));
     }
     let (block_elems, block_bytes) = geometry(ty);
-    if row_len % block_elems != 0 {
+    if !row_len.is_multiple_of(block_elems) {
         return Err(QuantError::RowLength {
             ty,
             row_len,
