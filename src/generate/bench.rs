@@ -42,9 +42,16 @@ pub struct BenchReport {
     /// Dispatches of the prepared decode forward pass, by op kind.
     pub decode_plan: Vec<(String, usize)>,
     /// With `--profile`: GPU time per op kind of one decode step after the bench (timestamp
-    /// queries, one pass per dispatch), and its total.
+    /// queries: inside the one pass where the adapter offers it, else a pass per dispatch), and
+    /// its total.
     pub profile: Option<Vec<crate::gpu::profile::KindTime>>,
     pub profile_total_us: Option<f64>,
+    /// With `--profile`: whether the profile was timed inside one pass.
+    pub profile_in_pass: Option<bool>,
+    /// With `--profile`: microseconds per near-empty dispatch in one pass, each waiting on the
+    /// one before (chained) and each independent: the floor under a forward's dispatch count.
+    pub dispatch_floor_chained_us: Option<f64>,
+    pub dispatch_floor_independent_us: Option<f64>,
 }
 
 const TEXT: &str =
@@ -131,6 +138,12 @@ pub async fn run(
         None
     };
     let profile_total_us = profile.as_ref().map(|p| p.iter().map(|k| k.us).sum());
+    let floor = if profile.is_some() {
+        crate::ops::matmul_bench::dispatch_floor_us(ctx, 256).await?
+    } else {
+        None
+    };
+    let profile_in_pass = profile.as_ref().map(|_| crate::gpu::profile::in_pass(ctx));
     Ok(BenchReport {
         adapter: ctx.adapter.name.clone(),
         backend: ctx.adapter.backend.clone(),
@@ -158,6 +171,9 @@ pub async fn run(
         decode_plan: plan.into_iter().map(|(k, n)| (k.to_string(), n)).collect(),
         profile,
         profile_total_us,
+        profile_in_pass,
+        dispatch_floor_chained_us: floor.map(|f| f.0),
+        dispatch_floor_independent_us: floor.map(|f| f.1),
     })
 }
 

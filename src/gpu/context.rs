@@ -158,13 +158,13 @@ impl GpuContext {
         // Subgroup operations, natively only where offered (the matmul reduction uses them when
         // present). Not in the browser: there WGSL would need `enable subgroups;`, which the
         // native WGSL front end rejects, and one source serves both.
-        // Timestamp queries (pass boundaries) wherever offered: `cera bench --profile` times each
-        // dispatch with them.
+        // Timestamp queries wherever offered (natively also inside passes): `cera bench
+        // --profile` times each dispatch with them.
         let wanted = wgpu::Features::TIMESTAMP_QUERY
             | if cfg!(target_arch = "wasm32") {
                 wgpu::Features::empty()
             } else {
-                wgpu::Features::SUBGROUP
+                wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
             };
         let features = adapter.features() & wanted;
         let offered = adapter.limits();

@@ -1,9 +1,12 @@
-//! GPU time per dispatch, from timestamp queries at pass boundaries (`cera bench --profile`).
+//! GPU time per dispatch, from timestamp queries (`cera bench --profile`).
 //!
-//! Each prepared dispatch is recorded in a compute pass of its own whose beginning and end write
-//! timestamps, so this works wherever the adapter offers `TIMESTAMP_QUERY` (WebGPU included: it
-//! has no timestamps inside a pass). A pass per dispatch adds its own small cost, so the profile
-//! tells where GPU time goes, not the exact time of the one-pass forward.
+//! Where the adapter offers timestamps inside a pass (`TIMESTAMP_QUERY_INSIDE_PASSES`, native
+//! Vulkan/Metal/DX12), the dispatches are recorded as the forward records them, in one pass, with
+//! a timestamp before each and one after the last: dispatch i's time is the gap to the next
+//! timestamp, so it includes the barrier the next dispatch waits on, and the times add up to the
+//! pass. Elsewhere (WebGPU has timestamps only at pass boundaries) each dispatch gets a pass of
+//! its own whose beginning and end write timestamps; that adds a pass's cost to every dispatch,
+//! so it tells where GPU time goes, not the exact time of the one-pass forward.
 
 use super::plan::Prepared;
 use super::GpuContext;
@@ -16,6 +19,8 @@ pub struct KindTime {
     pub dispatches: usize,
     /// Microseconds, summed over the kind's dispatches.
     pub us: f64,
+    /// The longest of them.
+    pub max_us: f64,
 }
 
 /// Whether the device can profile.
@@ -23,9 +28,80 @@ pub fn available(ctx: &GpuContext) -> bool {
     ctx.features.contains(wgpu::Features::TIMESTAMP_QUERY)
 }
 
-/// Record `prepared` one dispatch per timed pass, submit, and return the GPU time per dispatch
-/// in microseconds (in order). The caller queues whatever the dispatches read first.
+/// Whether [`time_dispatches`] times the dispatches inside one pass (else a pass each).
+pub fn in_pass(ctx: &GpuContext) -> bool {
+    ctx.features
+        .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
+}
+
+/// Read back `count` resolved timestamps of `set` as ticks.
+async fn resolve(
+    ctx: &GpuContext,
+    mut enc: wgpu::CommandEncoder,
+    set: &wgpu::QuerySet,
+    count: u32,
+) -> Result<Vec<u64>> {
+    let bytes = count as u64 * 8;
+    let buf = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("profile resolve"),
+        size: bytes,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    enc.resolve_query_set(set, 0..count, &buf, 0);
+    ctx.submit([enc.finish()]);
+    let raw = super::readback::read_buffer(ctx, &buf, 0, bytes).await?;
+    Ok(raw
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect())
+}
+
+/// Record `prepared` in one pass with a timestamp before every dispatch and after the last.
+async fn time_in_pass(ctx: &GpuContext, prepared: &Prepared) -> Result<Vec<f64>> {
+    // A query set holds at most 4096 queries (WebGPU's limit): time in chunks of dispatches,
+    // each chunk its own pass.
+    const MAX_PER_SET: usize = 4095;
+    let period = ctx.queue.get_timestamp_period() as f64;
+    let mut out = Vec::with_capacity(prepared.dispatches.len());
+    for chunk in prepared.dispatches.chunks(MAX_PER_SET) {
+        let count = chunk.len() as u32 + 1;
+        let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count,
+        });
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("profile"),
+            });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("profile"),
+                timestamp_writes: None,
+            });
+            for (i, d) in chunk.iter().enumerate() {
+                pass.write_timestamp(&set, i as u32);
+                d.record(&mut pass);
+            }
+            pass.write_timestamp(&set, count - 1);
+        }
+        let ticks = resolve(ctx, enc, &set, count).await?;
+        for w in ticks.windows(2) {
+            out.push(w[1].saturating_sub(w[0]) as f64 * period / 1e3);
+        }
+    }
+    Ok(out)
+}
+
+/// The GPU time per dispatch of `prepared`, in microseconds (in order): inside one pass where
+/// the adapter can, else a timed pass each (see the module comment). The caller queues whatever
+/// the dispatches read first.
 pub async fn time_dispatches(ctx: &GpuContext, prepared: &Prepared) -> Result<Vec<f64>> {
+    if available(ctx) && in_pass(ctx) {
+        return time_in_pass(ctx, prepared).await;
+    }
     if !available(ctx) {
         return Err(Error::new(
             ErrorCode::InvalidArgument,
@@ -47,13 +123,6 @@ pub async fn time_dispatches(ctx: &GpuContext, prepared: &Prepared) -> Result<Ve
             ty: wgpu::QueryType::Timestamp,
             count: 2 * count,
         });
-        let bytes = 2 * count as u64 * 8;
-        let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("profile resolve"),
-            size: bytes,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
         let mut enc = ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -71,13 +140,7 @@ pub async fn time_dispatches(ctx: &GpuContext, prepared: &Prepared) -> Result<Ve
             });
             d.record(&mut pass);
         }
-        enc.resolve_query_set(&set, 0..2 * count, &resolve, 0);
-        ctx.submit([enc.finish()]);
-        let raw = super::readback::read_buffer(ctx, &resolve, 0, bytes).await?;
-        let ticks: Vec<u64> = raw
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
+        let ticks = resolve(ctx, enc, &set, 2 * count).await?;
         for i in 0..count as usize {
             out.push(ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period / 1e3);
         }
@@ -93,11 +156,13 @@ pub fn by_kind(prepared: &Prepared, us: &[f64]) -> Vec<KindTime> {
             Some(k) => {
                 k.dispatches += 1;
                 k.us += t;
+                k.max_us = k.max_us.max(t);
             }
             None => v.push(KindTime {
                 kind: d.kind.to_string(),
                 dispatches: 1,
                 us: t,
+                max_us: t,
             }),
         }
     }

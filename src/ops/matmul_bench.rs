@@ -312,6 +312,97 @@ pub async fn bench_copy(
     Ok((result[0], result[1]))
 }
 
+/// The GPU cost of a dispatch that does almost nothing (one workgroup copying 16 bytes per
+/// invocation), in microseconds: `n` of them in one pass timed by the pass's timestamps.
+/// Returns `(chained, independent)`: each dispatch writing the buffer the previous one wrote (so
+/// it waits on a barrier, as the ops of a forward pass do), and each writing a buffer of its own
+/// (nothing to wait on). `None` without timestamp queries.
+pub async fn dispatch_floor_us(ctx: &GpuContext, n: u32) -> Result<Option<(f64, f64)>> {
+    if !ctx.features.contains(wgpu::Features::TIMESTAMP_QUERY) || n == 0 {
+        return Ok(None);
+    }
+    let wg = ctx.limits.workgroup_size(COPY_WG);
+    let elems = wg; // one workgroup
+    let bytes = elems as u64 * 16;
+    let src = ctx.empty_storage("floor src", bytes)?;
+    let dsts: Vec<wgpu::Buffer> = (0..n)
+        .map(|_| ctx.empty_storage("floor dst", bytes))
+        .collect::<Result<_>>()?;
+    let pipe = ctx.pipeline(&copy_key(ctx, "copy"))?;
+    let params = BenchCopyParams {
+        n: elems,
+        per_thread: 1,
+        threads: elems,
+        pad0: 0,
+    };
+    let ubuf = ctx.uniform_buffer_owned("floor params", &params);
+    let bind = |dst: &wgpu::Buffer| {
+        ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("floor"),
+            layout: &pipe.layout,
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: ubuf.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: src.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: dst.as_entire_binding(),
+                },
+            ],
+        })
+    };
+    let chained = vec![bind(&dsts[0]); n as usize];
+    let independent: Vec<wgpu::BindGroup> = dsts.iter().map(bind).collect();
+    let period = ctx.queue.get_timestamp_period() as f64;
+    let mut result = [0.0; 2];
+    for (i, binds) in [&chained, &independent].into_iter().enumerate() {
+        let mut best = f64::INFINITY;
+        // The best of a few runs: the first pays for warming the pipeline.
+        for _ in 0..5 {
+            let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("floor"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            });
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("floor"),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &set,
+                        beginning_of_pass_write_index: Some(0),
+                        end_of_pass_write_index: Some(1),
+                    }),
+                });
+                pass.set_pipeline(&pipe.pipeline);
+                for b in binds.iter() {
+                    pass.set_bind_group(0, b, &[]);
+                    pass.dispatch_workgroups(1, 1, 1);
+                }
+            }
+            let buf = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("floor resolve"),
+                size: 16,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            enc.resolve_query_set(&set, 0..2, &buf, 0);
+            ctx.submit([enc.finish()]);
+            let raw = read_buffer(ctx, &buf, 0, 16).await?;
+            let t0 = u64::from_le_bytes(raw[0..8].try_into().expect("8 bytes"));
+            let t1 = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+            best = best.min(t1.saturating_sub(t0) as f64 * period / 1e3 / n as f64);
+        }
+        result[i] = best;
+    }
+    Ok(Some((result[0], result[1])))
+}
+
 /// One GEMV entry: `ty` weights of `shape` (a prefix of `gguf`, valid blocks of `ty`) in kernel
 /// shape `cfg` (or the engine's choice). Returns the row without the copy columns.
 async fn bench_one(
