@@ -27,6 +27,15 @@
 //   buffers, n_ff when both are halves of one fused gate/up output bound twice): the GLU of a
 //   feed-forward block fused into its down projection, so no dispatch writes and re-reads the
 //   (T, n_ff) activations.
+//   X_PRENORM (decode, NT = 1, no X_GLU, no XVEC4): X is not read from memory but computed by
+//   every workgroup, before its rows, into workgroup memory: X = rmsnorm(r) * pre_w, where r is
+//   the residual stream `x` (cols f32 from element 0), or with PRE_ADD r = x + a * pre_scale
+//   with `a` the addend (PRE_ADD_NORM: a = rmsnorm(a) * pre_w_add, a post-norm), and then
+//   workgroup 0 also writes r to `pre_out` (the next residual stream, another buffer: other
+//   workgroups still read x). That is a block's residual add, its post-norm and the next
+//   pre-norm folded into the projection that reads them: one dispatch instead of two. Every
+//   workgroup repeats the norm over cols values (a few reads of L2-resident vectors); XW4 =
+//   cols / 4 sizes the workgroup array (cols a multiple of 4).
 //   SUBGROUP (with COOP): the team's partial sums are added with subgroupShuffleXor, no
 //   workgroup memory and no barrier. Lanes and rows then come from the subgroup builtins, so a
 //   team is TPR consecutive invocations of one subgroup whatever the hardware's mapping; the host
@@ -52,7 +61,10 @@ struct MatmulParams {
     y_stride: u32,   // elements between Y[t, r] and Y[t + 1, r]
     row_groups: u32, // ceil(rows / (WG_SIZE / TPR))
     xu_delta: u32,   // X_GLU: elements from G[t, c] to U[t, c] (0: U is its own buffer)
-    pad1: u32,
+    pre_eps: f32,    // X_PRENORM: the norms' epsilon
+    pre_scale: f32,  // X_PRENORM with PRE_ADD: the addend's scale (residual scale)
+    pad2: u32,
+    pad3: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: MatmulParams;
@@ -63,6 +75,85 @@ struct MatmulParams {
 @group(0) @binding(2) var<storage, read> x: array<f32>;       // (n_tokens, x_stride) from x_offset
 #endif
 @group(0) @binding(3) var<storage, read_write> y: array<f32>; // (n_tokens, y_stride) from y_offset
+#ifdef X_PRENORM
+@group(0) @binding(6) var<storage, read> pre_w: array<f32>;         // (cols): the norm's weight
+#ifdef PRE_ADD
+@group(0) @binding(5) var<storage, read> pre_add: array<f32>;       // (cols): the addend
+@group(0) @binding(8) var<storage, read_write> pre_out: array<f32>; // (cols): x + addend
+#ifdef PRE_ADD_NORM
+@group(0) @binding(7) var<storage, read> pre_w_add: array<f32>;     // (cols): the addend's norm
+#endif
+#endif
+var<workgroup> xw4: array<vec4<f32>, XW4>; // X of this token, computed by the prologue
+var<workgroup> pre_red: array<f32, WG_SIZE>;
+
+// Sum of v over the workgroup (every invocation gets it).
+fn pre_sum(v: f32, lid: u32) -> f32 {
+    pre_red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            pre_red[lid] += pre_red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = pre_red[0];
+    workgroupBarrier(); // every invocation has read pre_red[0] before it is reused
+    return total;
+}
+
+fn ld4(i4: u32) -> vec4<f32> {
+    let i = 4u * i4;
+    return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+}
+
+// xw4 = X, as the X_PRENORM comment above says. Called by every invocation (it has barriers).
+fn prenorm(lid: u32, g: u32) {
+    let n4 = p.cols / 4u;
+    let n = f32(p.cols);
+#ifdef PRE_ADD
+    var mul = p.pre_scale;
+#ifdef PRE_ADD_NORM
+    var sa = 0.0;
+    for (var i4 = lid; i4 < n4; i4 += WG_SIZE) {
+        let i = 4u * i4;
+        let a = vec4<f32>(pre_add[i], pre_add[i + 1u], pre_add[i + 2u], pre_add[i + 3u]);
+        sa += dot(a, a);
+    }
+    mul = mul / sqrt(pre_sum(sa, lid) / n + p.pre_eps);
+#endif
+#endif
+    var ss = 0.0;
+    for (var i4 = lid; i4 < n4; i4 += WG_SIZE) {
+        var v = ld4(i4);
+#ifdef PRE_ADD
+        let i = 4u * i4;
+        var a = vec4<f32>(pre_add[i], pre_add[i + 1u], pre_add[i + 2u], pre_add[i + 3u]);
+#ifdef PRE_ADD_NORM
+        a = a * mul * vec4<f32>(pre_w_add[i], pre_w_add[i + 1u], pre_w_add[i + 2u], pre_w_add[i + 3u]);
+#else
+        a = a * mul;
+#endif
+        v = v + a;
+        if g == 0u {
+            pre_out[i] = v.x;
+            pre_out[i + 1u] = v.y;
+            pre_out[i + 2u] = v.z;
+            pre_out[i + 3u] = v.w;
+        }
+#endif
+        xw4[i4] = v;
+        ss += dot(v, v);
+    }
+    let inv = 1.0 / sqrt(pre_sum(ss, lid) / n + p.pre_eps);
+    // Each invocation rescales only the entries it wrote: no barrier before, one after.
+    for (var i4 = lid; i4 < n4; i4 += WG_SIZE) {
+        let i = 4u * i4;
+        xw4[i4] = xw4[i4] * inv * vec4<f32>(pre_w[i], pre_w[i + 1u], pre_w[i + 2u], pre_w[i + 3u]);
+    }
+    workgroupBarrier();
+}
+#endif
 #ifdef X_GLU
 #include "act_decls.tmpl"
 #ifdef XVEC4
@@ -87,16 +178,24 @@ var<private> nt: u32;              // tokens this thread writes (<= NT)
 #ifndef XVEC4
 // X at element index i (scalar binding).
 fn xs(i: u32) -> f32 {
+#ifdef X_PRENORM
+    return xw4[i >> 2u][i & 3u];
+#else
 #ifdef X_GLU
     return act(x[i]) * xu[i + p.xu_delta];
 #else
     return x[i];
+#endif
 #endif
 }
 #endif
 
 // X[t, col .. col + 4] at element index i = xbase + t * x_stride + col.
 fn xv(i: u32) -> vec4<f32> {
+#ifdef X_PRENORM
+    // i is a multiple of 4 here: every item and unit starts at a multiple of 4 values.
+    return xw4[i >> 2u];
+#else
 #ifdef XVEC4
 #ifdef X_GLU
     return act4(x[i >> 2u]) * xu[(i + p.xu_delta) >> 2u];
@@ -105,6 +204,7 @@ fn xv(i: u32) -> vec4<f32> {
 #endif
 #else
     return vec4<f32>(xs(i), xs(i + 1u), xs(i + 2u), xs(i + 3u));
+#endif
 #endif
 }
 
@@ -173,6 +273,9 @@ fn matmul(
 #endif
 ) {
     let g = get_wid(wid, nwg);
+#ifdef X_PRENORM
+    prenorm(lid, g);
+#endif
     let t0 = (g / p.row_groups) * NT;
 #ifdef SUBGROUP
     let lane = sg_lane % TPR;

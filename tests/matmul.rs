@@ -399,3 +399,159 @@ gpu_test!(matmul_glu_input_f32, check_glu(GgmlType::F32));
 gpu_test!(matmul_glu_input_q8_0, check_glu(GgmlType::Q8_0));
 gpu_test!(matmul_glu_input_q4_k, check_glu(GgmlType::Q4K));
 gpu_test!(matmul_glu_input_q6_k, check_glu(GgmlType::Q6K));
+
+/// The decode GEMV whose workgroups compute X themselves (`X_PRENORM`): X = rmsnorm(r) * w_n
+/// with r = x, r = x + a * scale, or r = x + rmsnorm(a) * w_a * scale (a post-norm), against an
+/// f64 reference of the norm and the product; r written once to the residual output. Shapes:
+/// rows that fill no workgroup evenly, the thread-per-row and row-team kernels (with and without
+/// subgroups), the engine's own choice, columns of a wider output.
+async fn check_prenorm(ty: GgmlType) {
+    use cera_web::ops::matmul::{PreAdd, PreNorm};
+    let ctx = common::context().await;
+    let be = ty.block_elems();
+    let mut rng = Rng::new(ty.id() as u64 + 900);
+    let mut worst = 0.0f64;
+    for (rows, cols) in [
+        (37u64, if be == 1 { 36 } else { be }),
+        (300, 2 * be.max(128)),
+    ] {
+        let bytes = synthetic_rows(ty, cols, rows, 91);
+        let wf = dequantize_to_vec(ty, &bytes).unwrap();
+        let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
+        let c = cols as usize;
+        let x: Vec<f32> = rng.vec(c).iter().map(|v| v * 3.0).collect();
+        let a: Vec<f32> = rng.vec(c).iter().map(|v| v * 40.0).collect();
+        let wn: Vec<f32> = rng.vec(c).iter().map(|v| 1.0 + v).collect();
+        let wa: Vec<f32> = rng.vec(c).iter().map(|v| 0.5 + v).collect();
+        let vec_tensor = |name: &str, v: &[f32]| {
+            upload_tensor(
+                &ctx,
+                name,
+                GgmlType::F32,
+                cols,
+                1,
+                bytemuck::cast_slice(v),
+                ctx.limits.max_binding(),
+            )
+            .unwrap()
+        };
+        let (wn_t, wa_t) = (vec_tensor("wn", &wn), vec_tensor("wa", &wa));
+        let xb = ctx.storage_buffer("x", bytemuck::cast_slice(&x));
+        let ab = ctx.storage_buffer("a", bytemuck::cast_slice(&a));
+        let (eps, scale) = (1e-6f32, 0.75f32);
+        let rms =
+            |v: &[f64]| 1.0 / (v.iter().map(|e| e * e).sum::<f64>() / c as f64 + eps as f64).sqrt();
+        let shapes = [
+            None,
+            Some(MatmulConfig::simple(1)),
+            Some(MatmulConfig::team(256, 32, 1)),
+            Some(MatmulConfig {
+                subgroup: false,
+                ..MatmulConfig::team(64, 8, 1)
+            }),
+        ];
+        for mode in 0..3 {
+            // The reference residual r and X, in f64.
+            let a64: Vec<f64> = match mode {
+                0 => vec![0.0; c],
+                1 => a.iter().map(|&v| v as f64 * scale as f64).collect(),
+                _ => {
+                    let a0: Vec<f64> = a.iter().map(|&v| v as f64).collect();
+                    let inv = rms(&a0);
+                    a0.iter()
+                        .zip(&wa)
+                        .map(|(v, &g)| v * inv * g as f64 * scale as f64)
+                        .collect()
+                }
+            };
+            let r: Vec<f64> = x.iter().zip(&a64).map(|(&v, d)| v as f64 + d).collect();
+            let inv = rms(&r);
+            let h: Vec<f64> = r
+                .iter()
+                .zip(&wn)
+                .map(|(v, &g)| v * inv * g as f64)
+                .collect();
+            // y: each shape's rows side by side in a wider output (stride = rows, offset per shape).
+            let y = ctx
+                .empty_storage("y", rows * shapes.len() as u64 * 4 + 12)
+                .unwrap();
+            let out = ctx.empty_storage("r", cols * 4).unwrap();
+            let mut rec = cera_web::gpu::Recorder::new(&ctx);
+            for (i, cfg) in shapes.iter().enumerate() {
+                let pre = PreNorm {
+                    x: &xb,
+                    add: (mode > 0).then(|| PreAdd {
+                        add: &ab,
+                        add_norm: (mode == 2).then_some(&wa_t),
+                        scale,
+                        out: &out,
+                    }),
+                    w: &wn_t,
+                    eps,
+                };
+                let y_off = 3 + i as u64 * rows;
+                match cfg {
+                    None => matmul::prepare_prenorm(&mut rec, &w, &pre, &y, y_off).unwrap(),
+                    Some(cfg) => {
+                        matmul::prepare_prenorm_as(&mut rec, *cfg, &w, &pre, &y, y_off).unwrap()
+                    }
+                }
+            }
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            rec.encode(&mut enc).unwrap();
+            ctx.queue.submit([enc.finish()]);
+            let got = read_f32(&ctx, &y, 12, (rows * shapes.len() as u64) as usize)
+                .await
+                .unwrap();
+            for (i, cfg) in shapes.iter().enumerate() {
+                for rr in 0..rows as usize {
+                    let wr = &wf[rr * c..(rr + 1) * c];
+                    let want: f64 = wr.iter().zip(&h).map(|(&q, v)| q as f64 * v).sum();
+                    let sc: f64 = wr
+                        .iter()
+                        .zip(&h)
+                        .map(|(&q, v)| (q as f64 * v).abs())
+                        .sum::<f64>()
+                        .max(1e-30);
+                    let v = got[i * rows as usize + rr] as f64;
+                    let err = (v - want).abs() / sc;
+                    // X itself is f32 (the norm's rounding): 1e-5 of the sum of |terms|.
+                    assert!(
+                        err <= 1e-5,
+                        "{ty} prenorm mode {mode} {rows}x{cols} shape {cfg:?}: y[{rr}] = {v}, want {want} (rel {err:e})"
+                    );
+                    worst = worst.max(err);
+                }
+            }
+            if mode > 0 {
+                let got_r = read_f32(&ctx, &out, 0, c).await.unwrap();
+                for (i, (&g, &want)) in got_r.iter().zip(&r).enumerate() {
+                    assert!(
+                        (g as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+                        "{ty} prenorm mode {mode}: residual[{i}] = {g}, want {want}"
+                    );
+                }
+            }
+        }
+        // The residual output may not alias what the dispatch reads.
+        let mut rec = cera_web::gpu::Recorder::new(&ctx);
+        let y = ctx.empty_storage("y", rows * 4).unwrap();
+        let bad = PreNorm {
+            x: &xb,
+            add: Some(PreAdd {
+                add: &ab,
+                add_norm: None,
+                scale,
+                out: &xb,
+            }),
+            w: &wn_t,
+            eps,
+        };
+        assert!(matmul::prepare_prenorm(&mut rec, &w, &bad, &y, 0).is_err());
+    }
+    tlog!("{ty} prenorm: worst relative error {worst:.2e}");
+}
+
+gpu_test!(matmul_prenorm_q8_0, check_prenorm(GgmlType::Q8_0));
+gpu_test!(matmul_prenorm_q4_k, check_prenorm(GgmlType::Q4K));
+gpu_test!(matmul_prenorm_q6_k, check_prenorm(GgmlType::Q6K));

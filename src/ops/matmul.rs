@@ -51,7 +51,7 @@ pub const TYPES: [(GgmlType, &str); 11] = [
 
 /// Uniform of `matmul.wgsl` for one dispatch (one part of the weight).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct MatmulParams {
     /// Rows of W in this part.
     pub rows: u32,
@@ -73,7 +73,12 @@ pub struct MatmulParams {
     /// `X_GLU`: elements from `G[t, c]` to `U[t, c]` (0 when U is its own buffer in G's layout;
     /// the column offset of `up` when gate and up are halves of one fused projection's output).
     pub xu_delta: u32,
-    pub pad1: u32,
+    /// `X_PRENORM`: the norms' epsilon.
+    pub pre_eps: f32,
+    /// `X_PRENORM` with `PRE_ADD`: the addend's scale.
+    pub pre_scale: f32,
+    pub pad2: u32,
+    pub pad3: u32,
 }
 
 impl WgslParams for MatmulParams {
@@ -91,7 +96,10 @@ impl WgslParams for MatmulParams {
         ("y_stride", offset_of!(MatmulParams, y_stride)),
         ("row_groups", offset_of!(MatmulParams, row_groups)),
         ("xu_delta", offset_of!(MatmulParams, xu_delta)),
-        ("pad1", offset_of!(MatmulParams, pad1)),
+        ("pre_eps", offset_of!(MatmulParams, pre_eps)),
+        ("pre_scale", offset_of!(MatmulParams, pre_scale)),
+        ("pad2", offset_of!(MatmulParams, pad2)),
+        ("pad3", offset_of!(MatmulParams, pad3)),
     ];
 }
 
@@ -436,6 +444,24 @@ pub fn variants() -> Vec<Variant> {
                 });
             }
         }
+        // X normed by the prologue (decode), plain, with a residual add, with a post-norm.
+        for cfg in [MatmulConfig::simple(1), MatmulConfig::team(256, 32, 1)] {
+            for (add, add_norm) in [(false, false), (true, false), (true, true)] {
+                for subgroup in [false, true] {
+                    let cfg = MatmulConfig {
+                        subgroup: subgroup && cfg.threads_per_row > 1,
+                        ..cfg
+                    };
+                    let k = key_prenorm(ty, cfg, 256, add, add_norm)
+                        .expect("every listed type has a define");
+                    v.push(Variant {
+                        shader: k.shader,
+                        entry: k.entry,
+                        defines: k.defines,
+                    });
+                }
+            }
+        }
     }
     v
 }
@@ -682,6 +708,143 @@ fn prepare_with(
     glu: Option<(&wgpu::Buffer, u64, Activation)>,
     n_tokens: u32,
 ) -> Result<()> {
+    prepare_full(rec, cfg, w, io, glu, None, n_tokens)
+}
+
+/// X of a decode GEMV computed by its own workgroups (`X_PRENORM` in `matmul.wgsl`):
+/// `X = rmsnorm(r) * w` with `r = x`, or `r = x + add * scale` (the addend post-normed first
+/// when `add_norm` is given) which is also written to `out`.
+///
+/// - `x`: the residual stream, `(cols)` f32 from element 0
+/// - `add`, `out`: `(cols)` f32 from element 0; `out` is neither `x` nor `add`
+/// - `w`, `add_norm`: f32 vectors of `cols`
+pub struct PreNorm<'a> {
+    pub x: &'a wgpu::Buffer,
+    pub add: Option<PreAdd<'a>>,
+    pub w: &'a GpuTensor,
+    pub eps: f32,
+}
+
+/// The residual add of a [`PreNorm`].
+pub struct PreAdd<'a> {
+    pub add: &'a wgpu::Buffer,
+    pub add_norm: Option<&'a GpuTensor>,
+    pub scale: f32,
+    pub out: &'a wgpu::Buffer,
+}
+
+/// Whether a decode GEMV of `w` in shape `cfg` can compute its X with a [`PreNorm`] on this
+/// device: `cols` a multiple of 4, and X plus the prologue's reduction (plus the team
+/// reduction's workgroup memory where there are no subgroups) within the workgroup storage, and
+/// 7 storage buffers within the per-stage limit. Otherwise the caller runs the norm as its own
+/// dispatch.
+pub fn prenorm_fits(ctx: &GpuContext, cfg: MatmulConfig, cols: u64) -> bool {
+    let cfg = cfg.fit(ctx);
+    if !cols.is_multiple_of(4) || cfg.tokens_per_thread != 1 {
+        return false;
+    }
+    let red = if cfg.threads_per_row > 1 && !cfg.subgroup {
+        cfg.workgroup_size as u64 * 4
+    } else {
+        0
+    };
+    let bytes = cols * 4 + cfg.workgroup_size as u64 * 4 + red;
+    bytes <= ctx.limits.max_compute_workgroup_storage_size as u64
+        && ctx.limits.max_storage_buffers_per_shader_stage >= 7
+}
+
+/// `y[r] = sum_c W[r, c] * X[c]` for one token with X computed by `pre` (see [`PreNorm`]), into
+/// `y` from element `y_offset` (a projection's columns of a wider output). The caller checked
+/// [`prenorm_fits`].
+pub fn prepare_prenorm(
+    rec: &mut Recorder,
+    w: &GpuTensor,
+    pre: &PreNorm,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+) -> Result<()> {
+    let cfg = MatmulConfig::gemv_for(rec.ctx, w.ty, w.rows, w.cols);
+    prepare_prenorm_as(rec, cfg, w, pre, y, y_offset)
+}
+
+/// [`prepare_prenorm`] in an explicit kernel shape (tests run the GPU's shape on every adapter).
+pub fn prepare_prenorm_as(
+    rec: &mut Recorder,
+    cfg: MatmulConfig,
+    w: &GpuTensor,
+    pre: &PreNorm,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+) -> Result<()> {
+    if !prenorm_fits(rec.ctx, cfg, w.cols) {
+        return Err(Error::invalid(format!(
+            "matmul {}: a normed X of {} values does not fit this device's workgroup memory",
+            w.name, w.cols
+        )));
+    }
+    let vector = |t: &GpuTensor, what: &str| -> Result<()> {
+        if t.ty != GgmlType::F32 || t.rows * t.cols != w.cols || t.parts.len() != 1 {
+            return Err(Error::invalid(format!(
+                "matmul {}: {what} {} must be an f32 vector of {} in one part",
+                w.name, t.name, w.cols
+            )));
+        }
+        Ok(())
+    };
+    vector(pre.w, "norm weight")?;
+    if let Some(a) = &pre.add {
+        if let Some(n) = a.add_norm {
+            vector(n, "addend norm weight")?;
+        }
+        if a.out == pre.x || a.out == a.add || a.out == y || a.add == y || pre.x == y {
+            return Err(Error::invalid(format!(
+                "matmul {}: the residual's input, addend, output and y must be distinct buffers",
+                w.name
+            )));
+        }
+    }
+    let io = Io {
+        x: pre.x,
+        x_offset: 0,
+        x_stride: w.cols,
+        y,
+        y_offset,
+        y_stride: w.rows,
+    };
+    prepare_full(rec, cfg, w, &io, None, Some(pre), 1)
+}
+
+/// The pipeline key of a prologue-normed GEMV over `cols` values: with a residual add, and
+/// with the addend post-normed.
+pub fn key_prenorm(
+    ty: GgmlType,
+    cfg: MatmulConfig,
+    cols: u64,
+    add: bool,
+    add_norm: bool,
+) -> Result<PipelineKey> {
+    let mut k = key(ty, cfg)?
+        .define("X_PRENORM", "")
+        .define("XW4", format!("{}u", cols / 4));
+    if add {
+        k = k.define("PRE_ADD", "");
+        if add_norm {
+            k = k.define("PRE_ADD_NORM", "");
+        }
+    }
+    Ok(k)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn prepare_full(
+    rec: &mut Recorder,
+    cfg: MatmulConfig,
+    w: &GpuTensor,
+    io: &Io,
+    glu: Option<(&wgpu::Buffer, u64, Activation)>,
+    pre: Option<&PreNorm>,
+    n_tokens: u32,
+) -> Result<()> {
     if n_tokens == 0 || w.rows == 0 {
         return Ok(());
     }
@@ -694,8 +857,21 @@ fn prepare_with(
     let ctx = rec.ctx;
     let delta = glu.map_or(0, |g| g.1);
     let mut cfg = cfg.fit(ctx).for_x(io.x_offset, w.cols);
-    cfg.x_vec4 &= io.x_stride.is_multiple_of(4) && delta.is_multiple_of(4);
-    let pipe = ctx.pipeline(&key_glu(w.ty, cfg, glu.map(|g| g.2))?)?;
+    cfg.x_vec4 &= io.x_stride.is_multiple_of(4) && delta.is_multiple_of(4) && pre.is_none();
+    let key = match pre {
+        Some(pre) => {
+            let add = pre.add.as_ref();
+            key_prenorm(
+                w.ty,
+                cfg,
+                w.cols,
+                add.is_some(),
+                add.is_some_and(|a| a.add_norm.is_some()),
+            )?
+        }
+        None => key_glu(w.ty, cfg, glu.map(|g| g.2))?,
+    };
+    let pipe = ctx.pipeline(&key)?;
     let wg = pipe.decisions.workgroup_size;
     let rpw = wg / key_u32(&pipe.key, "TPR");
     let nt = key_u32(&pipe.key, "NT");
@@ -729,7 +905,10 @@ fn prepare_with(
             y_stride: u32_of("y stride", io.y_stride)?,
             row_groups: u32_of("row groups", row_groups)?,
             xu_delta: u32_of("up delta", delta)?,
-            pad1: 0,
+            pre_eps: pre.map_or(0.0, |p| p.eps),
+            pre_scale: pre.and_then(|p| p.add.as_ref()).map_or(0.0, |a| a.scale),
+            pad2: 0,
+            pad3: 0,
         };
         let ubuf = rec.uniform(&label, &params);
         let mut entries = vec![
@@ -755,6 +934,19 @@ fn prepare_with(
                 binding: 4,
                 resource: up.as_entire_binding(),
             });
+        }
+        if let Some(pre) = pre {
+            let mut extra: Vec<(u32, &wgpu::Buffer)> = vec![(6, &pre.w.parts[0].buffer)];
+            if let Some(a) = &pre.add {
+                extra.extend([(5, a.add), (8, a.out)]);
+                if let Some(n) = a.add_norm {
+                    extra.push((7, &n.parts[0].buffer));
+                }
+            }
+            entries.extend(extra.into_iter().map(|(binding, b)| wgpu::BindGroupEntry {
+                binding,
+                resource: b.as_entire_binding(),
+            }));
         }
         rec.push("matmul", &pipe, &entries, grid);
     }
