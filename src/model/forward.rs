@@ -22,8 +22,8 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::gpu::{GpuContext, GpuTensor, Prepared, Recorder, Step};
 use crate::kv::{KvCache, KvCacheConfig};
 use crate::loader::LoadedModel;
-use crate::ops::embed;
 use crate::ops::rope::RopeTable;
+use crate::ops::{embed, matmul};
 use crate::rope::RopeConfig;
 
 #[path = "lfm2.rs"]
@@ -92,6 +92,9 @@ pub struct Workspace {
     /// Positions and token ids of the current step.
     pub step: Step,
     x: wgpu::Buffer,
+    /// The residual stream's second buffer, `(n_embd)`: decode plans whose projections fold the
+    /// norms in ([`Model::plan`]) alternate x and this one.
+    x_alt: wgpu::Buffer,
     h: wgpu::Buffer,
     /// q, k, v projections side by side, `(n, q_dim + 2 kv_dim)`.
     pub(crate) qkv: wgpu::Buffer,
@@ -344,6 +347,7 @@ impl Model {
             max_logit_rows,
             step: Step::new(ctx, max_batch)?,
             x: f("x", b * hp.n_embd as u64)?,
+            x_alt: f("x alt", hp.n_embd as u64)?,
             h: f("h", b * hp.n_embd as u64)?,
             qkv: f("qkv", b * (hp.q_dim() + 2 * hp.kv_dim()) as u64)?,
             q: f("q", b * hp.q_dim() as u64)?,
@@ -468,6 +472,35 @@ impl Model {
         ctx.count_recorded(0, plan.dispatches() as u64);
     }
 
+    /// Whether a decode plan can fold each block's norms into the projections that read them
+    /// (`matmul::prenorm_fits` for every q/k/v and gate/up weight, all layers attention
+    /// layers, every norm one f32 vector).
+    fn can_fold_norms(&self, ctx: &GpuContext) -> bool {
+        let e = self.hp.n_embd as u64;
+        self.layers.iter().all(|layer| {
+            layer.conv.is_none()
+                && layer.qkv.iter().chain(&layer.gate_up).all(|p| {
+                    let w = self.w(&p.tensor);
+                    w.cols == e
+                        && matmul::prenorm_fits(
+                            ctx,
+                            matmul::MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols),
+                            w.cols,
+                        )
+                })
+                && [Some(&layer.attn_norm), Some(&layer.ffn_norm)]
+                    .into_iter()
+                    .chain([layer.post_attn_norm.as_ref(), layer.post_ffw_norm.as_ref()])
+                    .flatten()
+                    .all(|n| {
+                        let t = self.w(n);
+                        t.ty == crate::gguf::GgmlType::F32
+                            && t.rows * t.cols == e
+                            && t.parts.len() == 1
+                    })
+        })
+    }
+
     /// Prepare the forward pass of a batch of `n` tokens once: every dispatch with its bind group,
     /// for the workspace and cache given (which do not move). Positions come from the workspace's
     /// step buffer at run time; `max_cells` bounds `pos0 + n` over the plan's life.
@@ -514,17 +547,28 @@ impl Model {
             0,
         )?;
 
-        // h = norm(x) for the first layer; every later pre-norm is fused with the residual add
-        // before it.
-        kernels::rmsnorm(
-            &mut rec,
-            &ws.x,
-            Some(self.w(&self.layers[0].attn_norm)),
-            &ws.h,
-            n,
-            e,
-            hp.rms_eps,
-        )?;
+        // Decode: each pre-norm, with the residual add and post-norm before it, is computed by the
+        // projections that read it (matmul X_PRENORM): the residual stream alternates between
+        // two buffers (`x`, `x_alt`), since every workgroup of a projection reads the old one
+        // while one of them writes the new one. Elsewhere (prefill, conv layers, a device
+        // whose workgroup memory cannot hold the row) a norm dispatch writes h first.
+        let fold = n == 1 && self.can_fold_norms(ctx);
+        let xs = [&ws.x, &ws.x_alt];
+        let mut cur = 0usize;
+        if !fold {
+            // h = norm(x) for the first layer; every later pre-norm is fused with the residual
+            // add before it.
+            kernels::rmsnorm(
+                &mut rec,
+                &ws.x,
+                Some(self.w(&self.layers[0].attn_norm)),
+                &ws.h,
+                n,
+                e,
+                hp.rms_eps,
+            )?;
+        }
+        let eps = hp.rms_eps;
         for (l, layer) in self.layers.iter().enumerate() {
             if layer.conv.is_some() {
                 // LFM2: a short-convolution block in place of attention, then the same FFN.
@@ -534,8 +578,41 @@ impl Model {
             let rope_table = &self.rope_tables[self.layer_table[l]];
             // q, k, v projections of h (+ bias), side by side         (n, q_dim + 2 kv_dim)
             let qkv_w = (qd + 2 * kvd) as u64;
-            for p in &layer.qkv {
-                kernels::matmul_cols(&mut rec, self.w(&p.tensor), &ws.h, &ws.qkv, p.col, qkv_w, n)?;
+            if fold {
+                // h = norm(x (+ post_norm(f) * residual_scale, f the last layer's FFN output))
+                let post = (l > 0).then(|| {
+                    let prev = &self.layers[l - 1];
+                    prev.post_ffw_norm.as_ref().map(|w| self.w(w))
+                });
+                let pre = matmul::PreNorm {
+                    x: xs[cur],
+                    add: post.map(|post| matmul::PreAdd {
+                        add: &ws.o,
+                        add_norm: post,
+                        scale: hp.residual_scale,
+                        out: xs[1 - cur],
+                    }),
+                    w: self.w(&layer.attn_norm),
+                    eps,
+                };
+                for p in &layer.qkv {
+                    matmul::prepare_prenorm(&mut rec, self.w(&p.tensor), &pre, &ws.qkv, p.col)?;
+                }
+                if l > 0 {
+                    cur = 1 - cur;
+                }
+            } else {
+                for p in &layer.qkv {
+                    kernels::matmul_cols(
+                        &mut rec,
+                        self.w(&p.tensor),
+                        &ws.h,
+                        &ws.qkv,
+                        p.col,
+                        qkv_w,
+                        n,
+                    )?;
+                }
             }
             for (bias, col, dim) in [
                 (&layer.q_bias, 0, qd),
@@ -578,31 +655,50 @@ impl Model {
                 attn_scratch.as_ref(),
             )?;
             kernels::matmul(&mut rec, self.w(&layer.o), &ws.att, &ws.o, n)?;
-            // x += post_norm(o) * residual_scale;  h = norm(x)                   one dispatch
             let post = layer.post_attn_norm.as_ref().map(|w| self.w(w));
-            kernels::residual_norm(
-                &mut rec,
-                &ws.x,
-                &ws.o,
-                post,
-                hp.residual_scale,
-                self.w(&layer.ffn_norm),
-                &ws.h,
-                n,
-                e,
-                hp.rms_eps,
-            )?;
-            // Feed-forward: f = act(h W_gate) * (h W_up) W_down                      (n, n_embd)
-            for p in &layer.gate_up {
-                kernels::matmul_cols(
+            if fold {
+                // x += post_norm(o) * residual_scale;  h = norm(x), in the gate/up projections
+                let pre = matmul::PreNorm {
+                    x: xs[cur],
+                    add: Some(matmul::PreAdd {
+                        add: &ws.o,
+                        add_norm: post,
+                        scale: hp.residual_scale,
+                        out: xs[1 - cur],
+                    }),
+                    w: self.w(&layer.ffn_norm),
+                    eps,
+                };
+                for p in &layer.gate_up {
+                    matmul::prepare_prenorm(&mut rec, self.w(&p.tensor), &pre, &ws.gate_up, p.col)?;
+                }
+                cur = 1 - cur;
+            } else {
+                // x += post_norm(o) * residual_scale;  h = norm(x)                   one dispatch
+                kernels::residual_norm(
                     &mut rec,
-                    self.w(&p.tensor),
+                    &ws.x,
+                    &ws.o,
+                    post,
+                    hp.residual_scale,
+                    self.w(&layer.ffn_norm),
                     &ws.h,
-                    &ws.gate_up,
-                    p.col,
-                    2 * hp.n_ff as u64,
                     n,
+                    e,
+                    hp.rms_eps,
                 )?;
+                // Feed-forward: f = act(h W_gate) * (h W_up) W_down                  (n, n_embd)
+                for p in &layer.gate_up {
+                    kernels::matmul_cols(
+                        &mut rec,
+                        self.w(&p.tensor),
+                        &ws.h,
+                        &ws.gate_up,
+                        p.col,
+                        2 * hp.n_ff as u64,
+                        n,
+                    )?;
+                }
             }
             kernels::glu_down(
                 &mut rec,
@@ -614,23 +710,28 @@ impl Model {
             )?;
             // x += post_norm(f) * residual_scale;  h = norm(x) with the next layer's pre-norm
             // (the final norm after the last layer)                               one dispatch
-            let post = layer.post_ffw_norm.as_ref().map(|w| self.w(w));
-            let next_norm = match self.layers.get(l + 1) {
-                Some(next) => self.w(&next.attn_norm),
-                None => self.w(&self.output_norm),
-            };
-            kernels::residual_norm(
-                &mut rec,
-                &ws.x,
-                &ws.o,
-                post,
-                hp.residual_scale,
-                next_norm,
-                &ws.h,
-                n,
-                e,
-                hp.rms_eps,
-            )?;
+            // (folded: the next layer's projections do it, and this dispatch only after the
+            // last layer)
+            let last = l + 1 == self.layers.len();
+            if !fold || last {
+                let post = layer.post_ffw_norm.as_ref().map(|w| self.w(w));
+                let next_norm = match self.layers.get(l + 1) {
+                    Some(next) => self.w(&next.attn_norm),
+                    None => self.w(&self.output_norm),
+                };
+                kernels::residual_norm(
+                    &mut rec,
+                    xs[cur],
+                    &ws.o,
+                    post,
+                    hp.residual_scale,
+                    next_norm,
+                    &ws.h,
+                    n,
+                    e,
+                    hp.rms_eps,
+                )?;
+            }
         }
 
         // The output head on the rows that need logits (h is the final norm of x).
