@@ -46,6 +46,8 @@ pub struct BenchReport {
     /// its total.
     pub profile: Option<Vec<crate::gpu::profile::KindTime>>,
     pub profile_total_us: Option<f64>,
+    /// With `--profile`: every dispatch of that step, in order.
+    pub profile_dispatches: Option<Vec<crate::gpu::profile::DispatchTime>>,
     /// With `--profile`: whether the profile was timed inside one pass.
     pub profile_in_pass: Option<bool>,
     /// With `--profile`: microseconds per near-empty dispatch in one pass, each waiting on the
@@ -132,10 +134,11 @@ pub async fn run(
     let head_ms = head_gemv_ms(ctx, model).await?;
     let steps = n_dec as f64;
     let plan = session.decode_plan_kinds()?;
-    let profile = if profile {
-        Some(session.profile_decode().await?)
+    let (profile, profile_dispatches) = if profile {
+        let (kinds, each) = session.profile_decode().await?;
+        (Some(kinds), Some(each))
     } else {
-        None
+        (None, None)
     };
     let profile_total_us = profile.as_ref().map(|p| p.iter().map(|k| k.us).sum());
     let floor = if profile.is_some() {
@@ -172,6 +175,7 @@ pub async fn run(
         profile,
         profile_total_us,
         profile_in_pass,
+        profile_dispatches,
         dispatch_floor_chained_us: floor.map(|f| f.0),
         dispatch_floor_independent_us: floor.map(|f| f.1),
     })

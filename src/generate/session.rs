@@ -298,7 +298,12 @@ impl Session {
 
     /// GPU time of each op kind in one decode step at the current position (timestamp queries,
     /// one pass per dispatch): feeds the last token again without keeping its cell.
-    pub async fn profile_decode(&mut self) -> Result<Vec<crate::gpu::profile::KindTime>> {
+    pub async fn profile_decode(
+        &mut self,
+    ) -> Result<(
+        Vec<crate::gpu::profile::KindTime>,
+        Vec<crate::gpu::profile::DispatchTime>,
+    )> {
         let last = *self
             .tokens
             .last()
@@ -309,7 +314,10 @@ impl Session {
         self.ws.step.write(&self.ctx, pos0, &[last]);
         let prepared = self.plans[i].prepared();
         let us = crate::gpu::profile::time_dispatches(&self.ctx, prepared).await?;
-        Ok(crate::gpu::profile::by_kind(prepared, &us))
+        Ok((
+            crate::gpu::profile::by_kind(prepared, &us),
+            crate::gpu::profile::each(prepared, &us),
+        ))
     }
 
     /// Dispatches of the prepared one-token (decode) forward pass, by op kind.

@@ -148,6 +148,28 @@ pub async fn time_dispatches(ctx: &GpuContext, prepared: &Prepared) -> Result<Ve
     Ok(out)
 }
 
+/// One dispatch of a profiled run: its pipeline (shader, entry and defines), grid and time.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DispatchTime {
+    pub pipeline: String,
+    pub grid: [u32; 3],
+    pub us: f64,
+}
+
+/// Every dispatch's time, in order.
+pub fn each(prepared: &Prepared, us: &[f64]) -> Vec<DispatchTime> {
+    prepared
+        .dispatches
+        .iter()
+        .zip(us)
+        .map(|(d, &t)| DispatchTime {
+            pipeline: d.pipe.key.label(),
+            grid: d.grid,
+            us: t,
+        })
+        .collect()
+}
+
 /// Sum per-dispatch times by op kind, in the order kinds first appear.
 pub fn by_kind(prepared: &Prepared, us: &[f64]) -> Vec<KindTime> {
     let mut v: Vec<KindTime> = Vec::new();
