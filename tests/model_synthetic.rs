@@ -178,6 +178,14 @@ synthetic! {
     smollm3_q4_k => "smollm3-Q4_K", smollm3_q6_k => "smollm3-Q6_K",
 }
 
+// Phi-3: fused attn_qkv and gate/up tensors, LongRoPE. "phi3" (Phi-4-mini's partial rotary) is
+// scored past its original context (long factors), "phi3-short" (whole heads) within it.
+synthetic! {
+    phi3_f32 => "phi3-F32", phi3_q8_0 => "phi3-Q8_0", phi3_q4_0 => "phi3-Q4_0", phi3_q5_0 => "phi3-Q5_0",
+    phi3_q4_k => "phi3-Q4_K", phi3_q6_k => "phi3-Q6_K",
+    phi3_short_f32 => "phi3-short-F32", phi3_short_q4_k => "phi3-short-Q4_K",
+}
+
 // LFM2 (short-convolution hybrid): the conv state carried token to token (batch 1) and across
 // chunk boundaries (chunks of 5), as `check` scores every model.
 synthetic! {

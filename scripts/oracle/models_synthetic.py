@@ -16,6 +16,13 @@ llama.cpp's qwen2 insists on n_head*head_dim == n_embd, so small qwen2 files hav
 lfm2 has 3 layers (short convolution, attention, short convolution: `head_count_kv` [0, 2, 0]),
 a convolution of width `shortconv.l_cache` 3 and its final norm under `token_embd_norm`; as for
 qwen2, llama.cpp requires n_head*head_dim == n_embd (head_dim 16 in the small shape).
+phi3 is written as llama.cpp's converter writes Phi-3.5 / Phi-4-mini: q, k, v in one `attn_qkv`,
+gate and up in one `ffn_up` (gate rows first), LongRoPE `rope_factors_long`/`rope_factors_short`
+with `rope.scaling.attn_factor` and `rope.scaling.original_context_length`, and a sliding window
+key that llama.cpp ignores for this family. Like qwen2 it needs n_head*head_dim == n_embd. "phi3"
+has Phi-4-mini's partial rotary (3/4 of head_dim) and an original context of 32, below the
+scoring context (llama.cpp rounds it up to 256), so the long factors apply; "phi3-short" rotates
+whole heads and has an original context of 256, so the short ones apply.
 The tokenizer is `tokenizer.ggml.model = "none"` with `{arch}.vocab_size`: there is no vocabulary,
 the tests feed token ids.
 
@@ -81,6 +88,12 @@ ARCHS = {
     # (50 and 30) so that both caps change these small logits.
     "gemma2": dict(arch="gemma2", rope_base=50000.0, eps=1e-6, post_norms=True, tied=True,
                    sliding_window=8, sliding_window_pattern=2, attn_softcap=3.0, final_softcap=2.5),
+    # Phi-3 / Phi-4-mini (see the module doc): long factors, partial rotary.
+    "phi3": dict(arch="phi3", rope_base=10000.0, eps=1e-5, fused=True, head_dim={"small": 16},
+                 rot_pct=0.75, longrope=True, n_ctx_train=128, n_ctx_orig=32, sliding_window=8),
+    # Phi-3.5-mini's form: whole heads rotate, the short factors apply.
+    "phi3-short": dict(arch="phi3", rope_base=10000.0, eps=1e-5, fused=True, head_dim={"small": 16},
+                       longrope=True, n_ctx_train=1024, n_ctx_orig=256, sliding_window=8),
     # LFM2: per-layer head_count_kv (0 = gated short convolution), QK-norm, tied head.
     "lfm2": dict(arch="lfm2", rope_base=1000000.0, eps=1e-5, qk_norm=True, tied=True,
                  head_dim={"small": 16}, n_layer=3, layer_kv=[0, N_HEAD_KV, 0], l_cache=3),
@@ -88,6 +101,7 @@ ARCHS = {
 # Which types each model gets (the rope_freqs variant only needs one small and one K-quant file).
 MODEL_TYPES = {name: list(TYPES) for name in ARCHS}
 MODEL_TYPES["llama-rope-freqs"] = ["F32", "Q4_K"]
+MODEL_TYPES["phi3-short"] = ["F32", "Q4_K"]
 
 
 def seed_for(name: str, shape: str) -> int:
@@ -98,6 +112,11 @@ def seed_for(name: str, shape: str) -> int:
 def head_dim(cfg: dict, n_embd: int) -> int:
     shape = next(k for k, v in SHAPES.items() if v["n_embd"] == n_embd)
     return cfg.get("head_dim", {}).get(shape, HEAD_DIM)
+
+
+def n_rot(cfg: dict, n_embd: int) -> int:
+    # The converter's rope_dims = int(partial_rotary_factor * n_embd) // n_head.
+    return int(cfg.get("rot_pct", 1.0) * N_HEAD * head_dim(cfg, n_embd)) // N_HEAD
 
 
 def make_weights(name: str, cfg: dict, n_embd: int, n_ff: int, rng: np.random.Generator):
@@ -129,9 +148,14 @@ def make_weights(name: str, cfg: dict, n_embd: int, n_ff: int, rng: np.random.Ge
             t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
             t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
             continue
-        t[p + "attn_q.weight"] = mat(q_dim, n_embd)
-        t[p + "attn_k.weight"] = mat(kv_dim, n_embd)
-        t[p + "attn_v.weight"] = mat(kv_dim, n_embd)
+        if cfg.get("fused"):
+            # Phi-3: q, k, v rows in one tensor; gate and up rows in one `ffn_up` (below).
+            t[p + "attn_qkv.weight"] = np.concatenate(
+                [mat(q_dim, n_embd), mat(kv_dim, n_embd), mat(kv_dim, n_embd)])
+        else:
+            t[p + "attn_q.weight"] = mat(q_dim, n_embd)
+            t[p + "attn_k.weight"] = mat(kv_dim, n_embd)
+            t[p + "attn_v.weight"] = mat(kv_dim, n_embd)
         t[p + "attn_output.weight"] = mat(n_embd, q_dim)
         if cfg.get("qkv_bias"):
             t[p + "attn_q.bias"] = (0.3 * rng.standard_normal(q_dim)).astype(np.float32)
@@ -146,8 +170,11 @@ def make_weights(name: str, cfg: dict, n_embd: int, n_ff: int, rng: np.random.Ge
             t[p + "post_attention_norm.weight"] = 8.0 * norm(n_embd)
             t[p + "post_ffw_norm.weight"] = 8.0 * norm(n_embd)
         t[p + "ffn_norm.weight"] = norm(n_embd)
-        t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
-        t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
+        if cfg.get("fused"):
+            t[p + "ffn_up.weight"] = np.concatenate([mat(n_ff, n_embd), mat(n_ff, n_embd)])
+        else:
+            t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
+            t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
         t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
     t["token_embd_norm.weight" if cfg["arch"] == "lfm2" else "output_norm.weight"] = norm(n_embd)
     if not cfg.get("tied"):
@@ -157,6 +184,12 @@ def make_weights(name: str, cfg: dict, n_embd: int, n_ff: int, rng: np.random.Ge
         # Divisors of each pair's frequency (theta_i = pos * base^(-2i/d) / f_i), like Llama 3's
         # but random in [1, 4] so that every pair is affected at short positions.
         t["rope_freqs.weight"] = rng.uniform(1.0, 4.0, hd // 2).astype(np.float32)
+    if cfg.get("longrope"):
+        # LongRoPE divisors per rotary pair: the long ones large (as in Phi-3.5's, up to ~60),
+        # the short ones near 1, so that taking the wrong set changes every position.
+        half = n_rot(cfg, n_embd) // 2
+        t["rope_factors_long.weight"] = rng.uniform(2.0, 12.0, half).astype(np.float32)
+        t["rope_factors_short.weight"] = rng.uniform(1.0, 1.6, half).astype(np.float32)
     return t
 
 
@@ -164,7 +197,7 @@ def hparams(name: str, cfg: dict, n_embd: int, n_ff: int) -> dict:
     """The metadata keys written (without the `{arch}.` prefix), for the manifest."""
     hd = head_dim(cfg, n_embd)
     h = {
-        "context_length": N_CTX,
+        "context_length": cfg.get("n_ctx_train", N_CTX),
         "embedding_length": n_embd,
         "block_count": cfg.get("n_layer", N_LAYER),
         "feed_forward_length": n_ff,
@@ -173,10 +206,15 @@ def hparams(name: str, cfg: dict, n_embd: int, n_ff: int) -> dict:
         "attention.key_length": hd,
         "attention.value_length": hd,
         "attention.layer_norm_rms_epsilon": cfg["eps"],
-        "rope.dimension_count": hd,
+        "rope.dimension_count": n_rot(cfg, n_embd),
         "rope.freq_base": cfg["rope_base"],
         "vocab_size": N_VOCAB,
     }
+    if cfg.get("longrope"):
+        # The converter's LongRoPE attention factor: sqrt(1 + ln(scale) / ln(original context)).
+        scale = h["context_length"] / cfg["n_ctx_orig"]
+        h["rope.scaling.original_context_length"] = cfg["n_ctx_orig"]
+        h["rope.scaling.attn_factor"] = float(np.sqrt(1 + np.log(scale) / np.log(cfg["n_ctx_orig"])))
     for k, key in [("embedding_scale", "embedding_scale"), ("residual_scale", "residual_scale"),
                    ("logit_scale", "logit_scale"), ("attention_scale", "attention.scale"),
                    ("sliding_window", "attention.sliding_window"),
