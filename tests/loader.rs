@@ -248,6 +248,25 @@ async fn errors() {
         e.message.contains("blk.0.ffn_up.weight") && e.message.contains("q2_K"),
         "{e}"
     );
+    // An architecture we do not run, in one chunk with its weights: the header check refuses it
+    // before any tensor is written (without the check, the same chunk loads its tensor).
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", "qwen35");
+    w.tensor_f32("blk.0.attn_norm.weight", &[64], &[1.0; 64]);
+    let bytes = w.to_bytes();
+    let mut l = StreamLoader::new(&ctx, Some(bytes.len() as u64))
+        .with_header_check(|h| cera_web::model::HParams::from_gguf(h).map(|_| ()));
+    let e = l.push(&bytes).unwrap_err();
+    assert_eq!(e.code, ErrorCode::UnsupportedArch, "{e}");
+    assert!(e.message.contains("\"qwen35\""), "{e}");
+    assert_eq!(
+        l.progress().tensors_loaded,
+        0,
+        "a tensor was written before the check"
+    );
+    let mut l = StreamLoader::new(&ctx, Some(bytes.len() as u64));
+    l.push(&bytes).unwrap();
+    assert_eq!(l.progress().tensors_loaded, 1);
     // A row larger than the binding limit: the adapter is too small.
     let mut w = GgufWriter::new();
     w.tensor_f32("wide", &[1024, 2], &vec![0.5; 2048]);
