@@ -443,6 +443,13 @@ mod tests {
             assert_eq!(e.code, ErrorCode::UnsupportedArch);
             assert!(e.message.contains(&format!("\"{name}\"")), "{e}");
         }
+        // A Qwen3.5 file as llama.cpp's converter writes it (llama.cpp loads and scores it:
+        // tests/fixtures/oracle/synthetic.json) is refused from its header.
+        let bytes = include_bytes!("../../tests/fixtures/models/qwen35-F32.gguf");
+        let (h, _) = crate::gguf::parse_bytes(bytes).unwrap();
+        let e = HParams::from_gguf(&h).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UnsupportedArch);
+        assert!(e.message.contains("\"qwen35\""), "{e}");
         for name in [
             "llama", "qwen2", "qwen3", "granite", "smollm3", "phi3", "gemma2", "gemma3", "lfm2",
         ] {
