@@ -34,6 +34,10 @@ struct QkRopeParams {
     k_offset: u32,  // element index of k[0, 0, 0]
     v_offset: u32,  // element index of v[0, 0, 0]
     in_stride: u32, // SRC: elements between one token's q, k, v and the next token's
+    attn_factor: f32, // multiplies the rotated pairs (LongRoPE's attention factor; 1 elsewhere)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: QkRopeParams;
@@ -141,7 +145,7 @@ fn qk_rope(
         a1 = a1 * inv * norm_w[wb + e.y];
 #endif
         if j < p.n_rot / 2u {
-            let cs = rope_cos_sin(pos, freq[j]);
+            let cs = rope_cos_sin(pos, freq[j]) * p.attn_factor;
             let r = rotate_rope(a0, a1, cs.x, cs.y);
             a0 = r.x;
             a1 = r.y;

@@ -38,6 +38,10 @@ struct RopeParams {
     pos0: u32,      // added to step.pos0: token t sits at step.pos0 + pos0 + t (rope_kv_write: also its cell)
     x_offset: u32,  // element index of x[0, 0, 0] (rope) or k[0, 0, 0] (rope_kv_write)
     v_offset: u32,  // element index of v[0, 0, 0] (rope_kv_write)
+    attn_factor: f32, // multiplies the rotated pairs (LongRoPE's attention factor; 1 elsewhere)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: RopeParams;
@@ -75,7 +79,7 @@ fn rope(
     let j = idx % half_rot;
     let base = p.x_offset + (t * p.n_heads + h) * p.head_dim;
     let e = base + pair_of(j);
-    let cs = rope_cos_sin(step.pos0 + p.pos0 + t, freq[j]);
+    let cs = rope_cos_sin(step.pos0 + p.pos0 + t, freq[j]) * p.attn_factor;
     let r = rotate_rope(x[e.x], x[e.y], cs.x, cs.y);
     x[e.x] = r.x;
     x[e.y] = r.y;
@@ -102,7 +106,7 @@ fn rope_kv_write(
     var k0 = x[p.x_offset + row + e.x];
     var k1 = x[p.x_offset + row + e.y];
     if j < p.n_rot / 2u {
-        let cs = rope_cos_sin(step.pos0 + p.pos0 + t, freq[j]);
+        let cs = rope_cos_sin(step.pos0 + p.pos0 + t, freq[j]) * p.attn_factor;
         let r = rotate_rope(k0, k1, cs.x, cs.y);
         k0 = r.x;
         k1 = r.y;

@@ -2,8 +2,11 @@
 //! against, and the source of the exact cos/sin table the context shift uploads.
 //!
 //! Convention (llama.cpp's): pair `j < n_rot/2` rotates by `pos * base^(-2j/n_rot) / ff[j]`,
-//! where `ff` are the optional Llama-3 frequency factors. NeoX pairs `(j, j + n_rot/2)`; NORM
-//! pairs `(2j, 2j + 1)`. Dimensions from `n_rot` to `head_dim` are not rotated.
+//! where `ff` are the optional Llama-3 frequency factors (or Phi-3's LongRoPE factors). NeoX pairs
+//! `(j, j + n_rot/2)`; NORM pairs `(2j, 2j + 1)`. Dimensions from `n_rot` to `head_dim` are not
+//! rotated. A token's own rope also scales its rotated pairs by `attn_factor` (LongRoPE's
+//! attention factor, llama.cpp's `mscale`; 1 elsewhere); a context shift's relative rotation of
+//! cells already roped does not scale again.
 
 use crate::error::{Error, Result};
 
@@ -24,6 +27,9 @@ pub struct RopeConfig {
     pub rope_type: RopeType,
     /// One factor per rotary pair (`n_rot / 2`), dividing its angle (Llama 3 `rope_freqs`).
     pub freq_factors: Option<Vec<f32>>,
+    /// Multiplies the rotated pairs of a token's own rope (not a shift's rotation): Phi-3's
+    /// `rope.scaling.attn_factor`, 1 elsewhere.
+    pub attn_factor: f32,
 }
 
 impl RopeConfig {
@@ -34,6 +40,7 @@ impl RopeConfig {
             freq_base,
             rope_type,
             freq_factors: None,
+            attn_factor: 1.0,
         }
     }
 
@@ -46,6 +53,12 @@ impl RopeConfig {
             return Err(Error::invalid(format!(
                 "rope needs an even head_dim and an even n_rot <= head_dim (got {} and {})",
                 self.head_dim, self.n_rot
+            )));
+        }
+        if !(self.attn_factor.is_finite() && self.attn_factor > 0.0) {
+            return Err(Error::invalid(format!(
+                "rope attention factor {} (must be finite and positive)",
+                self.attn_factor
             )));
         }
         if let Some(ff) = &self.freq_factors {
@@ -77,11 +90,14 @@ impl RopeConfig {
         }
     }
 
-    /// Rotate one head (`head_dim` values) in place to position `pos`.
+    /// Rotate one head (`head_dim` values) in place to position `pos` (rotated pairs scaled by
+    /// `attn_factor`).
     pub fn apply(&self, head: &mut [f32], pos: f64) {
+        let m = self.attn_factor as f64;
         for j in 0..self.n_rot / 2 {
             let (a, b) = self.pair(j);
             let (s, c) = (pos * self.theta(j)).sin_cos();
+            let (s, c) = (s * m, c * m);
             let (x0, x1) = (head[a] as f64, head[b] as f64);
             head[a] = (x0 * c - x1 * s) as f32;
             head[b] = (x0 * s + x1 * c) as f32;
@@ -95,7 +111,8 @@ impl RopeConfig {
         }
     }
 
-    /// `(cos, sin)` of the rotation by `delta` positions for each pair, computed in f64.
+    /// `(cos, sin)` of the rotation by `delta` positions for each pair, computed in f64 (a pure
+    /// rotation: cells were scaled by `attn_factor` when written).
     pub fn delta_table(&self, delta: f64) -> Vec<[f32; 2]> {
         (0..self.n_rot / 2)
             .map(|j| {
@@ -160,10 +177,33 @@ mod tests {
     }
 
     #[test]
+    fn attn_factor_scales_rotated_pairs_only() {
+        let mut cfg = RopeConfig::new(8, 10000.0, RopeType::Neox);
+        cfg.n_rot = 4;
+        let x = head(8);
+        let mut plain = x.clone();
+        cfg.apply(&mut plain, 5.0);
+        cfg.attn_factor = 1.25;
+        let mut scaled = x.clone();
+        cfg.apply(&mut scaled, 5.0);
+        for i in 0..4 {
+            assert!((scaled[i] - 1.25 * plain[i]).abs() < 1e-6, "{i}");
+        }
+        assert_eq!(&scaled[4..], &x[4..]);
+        // The shift's table stays a rotation.
+        for [c, s] in cfg.delta_table(3.0) {
+            assert!((c.hypot(s) - 1.0).abs() < 1e-6);
+        }
+    }
+
+    #[test]
     fn bad_configs_are_rejected() {
         assert!(RopeConfig::new(7, 1e4, RopeType::Neox).validate().is_err());
         let mut c = RopeConfig::new(8, 1e4, RopeType::Neox);
         c.freq_factors = Some(vec![1.0; 3]);
+        assert!(c.validate().is_err());
+        let mut c = RopeConfig::new(8, 1e4, RopeType::Neox);
+        c.attn_factor = 0.0;
         assert!(c.validate().is_err());
     }
 }

@@ -248,6 +248,25 @@ async fn errors() {
         e.message.contains("blk.0.ffn_up.weight") && e.message.contains("q2_K"),
         "{e}"
     );
+    // An architecture we do not run, in one chunk with its weights: the header check refuses it
+    // before any tensor is written (without the check, the same chunk loads its tensor).
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", "qwen35");
+    w.tensor_f32("blk.0.attn_norm.weight", &[64], &[1.0; 64]);
+    let bytes = w.to_bytes();
+    let mut l = StreamLoader::new(&ctx, Some(bytes.len() as u64))
+        .with_header_check(|h| cera_web::model::HParams::from_gguf(h).map(|_| ()));
+    let e = l.push(&bytes).unwrap_err();
+    assert_eq!(e.code, ErrorCode::UnsupportedArch, "{e}");
+    assert!(e.message.contains("\"qwen35\""), "{e}");
+    assert_eq!(
+        l.progress().tensors_loaded,
+        0,
+        "a tensor was written before the check"
+    );
+    let mut l = StreamLoader::new(&ctx, Some(bytes.len() as u64));
+    l.push(&bytes).unwrap();
+    assert_eq!(l.progress().tensors_loaded, 1);
     // A row larger than the binding limit: the adapter is too small.
     let mut w = GgufWriter::new();
     w.tensor_f32("wide", &[1024, 2], &vec![0.5; 2048]);
@@ -257,3 +276,29 @@ async fn errors() {
     assert!(e.message.contains("wide"), "{e}");
 }
 gpu_test!(bad_input_gets_clear_errors, errors());
+
+/// In the browser, `Engine.load` of bytes whose header names an architecture we do not run
+/// rejects with `UNSUPPORTED_ARCH` naming it, here with the header and the weights in one chunk
+/// (the engine's header check; `bad_input_gets_clear_errors` shows that check writes nothing).
+#[cfg(target_arch = "wasm32")]
+#[wasm_bindgen_test::wasm_bindgen_test]
+async fn engine_refuses_an_unknown_architecture_from_its_header() {
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", "qwen35");
+    w.tensor_f32("blk.0.attn_norm.weight", &[64], &[1.0; 64]);
+    let bytes = js_sys::Uint8Array::from(&w.to_bytes()[..]);
+    let r = wasm_bindgen_futures::JsFuture::from(cera_web::web::engine::Engine::load(
+        bytes.into(),
+        wasm_bindgen::JsValue::UNDEFINED,
+    ))
+    .await;
+    let e = r.expect_err("a qwen35 header must be refused");
+    let get = |k: &str| {
+        js_sys::Reflect::get(&e, &k.into())
+            .ok()
+            .and_then(|v| v.as_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(get("code"), "UNSUPPORTED_ARCH", "{}", get("message"));
+    assert!(get("message").contains("\"qwen35\""), "{}", get("message"));
+}

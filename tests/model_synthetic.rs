@@ -1,12 +1,14 @@
 //! Tiny synthetic models of every architecture and weight type, teacher-forced, against
-//! llama.cpp's logits (F32 KV cache), from `tests/fixtures/oracle/synthetic.json`. Runs natively
+//! llama.cpp's logits (F32 KV cache), from `tests/fixtures/oracle/synthetic.json`; and Phi-3's
+//! context shift (LongRoPE factors, attention factor) against fresh K cells. Runs natively
 //! and in headless Chrome (there the fixtures come from `npm test`'s server).
 
 mod common;
 
 use cera_web::generate::score::score_logits;
+use cera_web::gpu::readback::read_f32;
 use cera_web::loader::StreamLoader;
-use cera_web::model::Model;
+use cera_web::model::{LogitRows, Model};
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
@@ -68,7 +70,7 @@ fn compare(
     let (arch, ty) = (m["arch"].as_str().unwrap(), m["type"].as_str().unwrap());
     let std = m["logit_std"].as_f64().unwrap();
     let (tol_max, tol_mean) = tolerance(arch, ty);
-    let (mut max_diff, mut sum_diff, mut flips) = (0f64, 0f64, 0);
+    let (mut max_diff, mut sum_diff, mut flips, mut agree) = (0f64, 0f64, 0, 0);
     assert_eq!(ours.len() % n_vocab, 0);
     for (i, a) in ours.chunks_exact(n_vocab).enumerate() {
         let pos = first_row + i;
@@ -90,6 +92,7 @@ fn compare(
         };
         let mut sorted: Vec<f32> = b.to_vec();
         sorted.sort_by(|p, q| q.partial_cmp(p).unwrap());
+        agree += (am(a) == am(b)) as usize;
         // A "clear" position: the reference margin exceeds twice the largest allowed difference.
         if am(a) != am(b) && (sorted[0] - sorted[1]) as f64 > 2.0 * tol_max * std {
             flips += 1;
@@ -103,7 +106,8 @@ fn compare(
     }
     let (rel, mean_rel) = (max_diff / std, sum_diff / ours.len() as f64 / std);
     tlog!(
-        "{name} ({how}): max |diff| {max_diff:.2e} ({rel:.2e} of std), mean {mean_rel:.2e} of std"
+        "{name} ({how}): max |diff| {max_diff:.2e} ({rel:.2e} of std), mean {mean_rel:.2e} of std, argmax agrees at {agree}/{} positions",
+        ours.len() / n_vocab
     );
     assert!(
         rel <= tol_max,
@@ -178,8 +182,69 @@ synthetic! {
     smollm3_q4_k => "smollm3-Q4_K", smollm3_q6_k => "smollm3-Q6_K",
 }
 
+// Phi-3: fused attn_qkv and gate/up tensors, LongRoPE. "phi3" (Phi-4-mini's partial rotary) is
+// scored past its original context (long factors), "phi3-short" (whole heads) within it.
+synthetic! {
+    phi3_f32 => "phi3-F32", phi3_q8_0 => "phi3-Q8_0", phi3_q4_0 => "phi3-Q4_0", phi3_q5_0 => "phi3-Q5_0",
+    phi3_q4_k => "phi3-Q4_K", phi3_q6_k => "phi3-Q6_K",
+    phi3_short_f32 => "phi3-short-F32", phi3_short_q4_k => "phi3-short-Q4_K",
+}
+
 // LFM2 (short-convolution hybrid): the conv state carried token to token (batch 1) and across
 // chunk boundaries (chunks of 5), as `check` scores every model.
 synthetic! {
     lfm2_f32 => "lfm2-F32", lfm2_q8_0 => "lfm2-Q8_0", lfm2_q4_0 => "lfm2-Q4_0", lfm2_q5_0 => "lfm2-Q5_0", lfm2_q4_k => "lfm2-Q4_K", lfm2_q6_k => "lfm2-Q6_K",
 }
+
+// Phi-3 (long factors, partial rotary, attention factor 1.18): a context shift re-rotates the
+// kept K cells by a pure rotation, so the first layer's K cells (which depend on the token and
+// its position alone) equal those of a fresh evaluation of the kept tokens at their new
+// positions. llama.cpp's own shift applies the attention factor again to cells that already carry
+// it (they would be 18 % too large). 30 tokens, n_keep 4, n_discard 12.
+gpu_test!(phi3_context_shift_equals_a_fresh_first_layer, async {
+    let ctx = common::context().await;
+    let bytes = fixture("models/phi3-F32.gguf").await;
+    let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
+    loader.push(&bytes).unwrap();
+    let model = Model::new(&ctx, loader.finish().unwrap()).await.unwrap();
+    let n_ctx = 64;
+    assert!(model.hp.rope_attn_factor > 1.1 && model.hp.long_rope(n_ctx));
+    let mut rng = common::Rng::new(31);
+    let prompt: Vec<u32> = (0..30).map(|_| (rng.next_u64() % 512) as u32).collect();
+    let (n_keep, n_discard) = (4u32, 12u32);
+    let ws = model.workspace(&ctx, 30, 1).unwrap();
+    // The first layer's K cells after feeding `tokens` (and shifting, when asked).
+    let k_cells = |tokens: Vec<u32>, shift: bool| {
+        let (ctx, model, ws) = (&ctx, &model, &ws);
+        async move {
+            let mut kv = model.new_kv_cache(ctx, n_ctx).unwrap();
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            model
+                .encode(ctx, &mut enc, ws, &kv, &tokens, 0, LogitRows::Last)
+                .unwrap();
+            ctx.submit([enc.finish()]);
+            kv.advance(tokens.len() as u32).unwrap();
+            if shift {
+                kv.shift(ctx, n_keep, n_discard).unwrap();
+            }
+            let row = (model.hp.kv_dim()) as usize;
+            read_f32(ctx, kv.k(0), 0, kv.n_past() as usize * row)
+                .await
+                .unwrap()
+        }
+    };
+    let shifted = k_cells(prompt.clone(), true).await;
+    let kept: Vec<u32> = prompt[..4].iter().chain(&prompt[16..]).copied().collect();
+    let fresh = k_cells(kept, false).await;
+    assert_eq!(shifted.len(), fresh.len());
+    let scale = fresh.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = shifted
+        .iter()
+        .zip(&fresh)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    tlog!("phi3 shift: first layer K cells |shifted - fresh| max {worst:.2e} (values up to {scale:.2})");
+    assert!(
+        worst < 1e-5 * scale.max(1.0),
+        "shifted K cells differ from fresh ones by {worst}"
+    );
+});

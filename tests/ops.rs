@@ -371,18 +371,24 @@ const POSITIONS: [u32; 5] = [0, 1, 511, 4097, 32767];
 fn rope_configs() -> Vec<(String, RopeConfig)> {
     let mut v = Vec::new();
     for rt in [RopeType::Neox, RopeType::Norm] {
-        for (base, n_rot, ff) in [
-            (1e6f32, 256usize, false),
-            (1e4, 256, true),
-            (1e4, 128, false),
-            (5e5, 128, true),
+        // The last: Phi-4-mini's form (partial rotary, LongRoPE factors, attention factor).
+        for (base, n_rot, ff, attn_factor) in [
+            (1e6f32, 256usize, false, 1.0f32),
+            (1e4, 256, true, 1.0),
+            (1e4, 128, false, 1.0),
+            (5e5, 128, true, 1.0),
+            (1e4, 192, true, 1.19),
         ] {
             let mut c = RopeConfig::new(256, base, rt);
             c.n_rot = n_rot;
+            c.attn_factor = attn_factor;
             if ff {
                 c.freq_factors = Some((0..n_rot / 2).map(|j| 1.0 + (j % 7) as f32 * 1.3).collect());
             }
-            v.push((format!("{rt:?} base {base} n_rot {n_rot} ff {ff}"), c));
+            v.push((
+                format!("{rt:?} base {base} n_rot {n_rot} ff {ff} attn_factor {attn_factor}"),
+                c,
+            ));
         }
     }
     v
@@ -518,17 +524,30 @@ gpu_test!(qk_rope_norms_ropes_and_writes_the_cache, async {
     let mut rng = Rng::new(23);
     let eps = 1e-6f32;
     let mut worst = 0.0f64;
+    // The last: Phi-4-mini's form (partial rotary NeoX scaled by LongRoPE's attention factor).
     let cases = [
-        (4u32, 1u32, 256usize, 256usize, RopeType::Neox, 1u32, true),
-        (6, 2, 64, 32, RopeType::Norm, 3, true),
-        (6, 2, 64, 64, RopeType::Neox, 5, false),
-        (1, 1, 2, 2, RopeType::Norm, 1, true),
+        (
+            4u32,
+            1u32,
+            256usize,
+            256usize,
+            RopeType::Neox,
+            1u32,
+            true,
+            1.0f32,
+        ),
+        (6, 2, 64, 32, RopeType::Norm, 3, true, 1.0),
+        (6, 2, 64, 64, RopeType::Neox, 5, false, 1.0),
+        (1, 1, 2, 2, RopeType::Norm, 1, true, 1.0),
+        (3, 1, 96, 72, RopeType::Neox, 2, false, 1.19),
     ];
-    for (n_head, n_kv, hd, n_rot, rt, t, norm) in cases {
-        let what =
-            format!("{n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm}");
+    for (n_head, n_kv, hd, n_rot, rt, t, norm, attn_factor) in cases {
+        let what = format!(
+            "{n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm} attn_factor {attn_factor}"
+        );
         let mut c = RopeConfig::new(hd, 10000.0, rt);
         c.n_rot = n_rot;
+        c.attn_factor = attn_factor;
         let n_ctx = 20u32;
         let cache = KvCache::new(
             &ctx,
@@ -637,16 +656,27 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
     let eps = 1e-6f32;
     let mut worst = 0.0f64;
     let cases = [
-        (4u32, 1u32, 256usize, 256usize, RopeType::Neox, 1u32, true),
-        (6, 2, 64, 32, RopeType::Norm, 3, true),
-        (6, 2, 64, 64, RopeType::Neox, 5, false),
+        (
+            4u32,
+            1u32,
+            256usize,
+            256usize,
+            RopeType::Neox,
+            1u32,
+            true,
+            1.0f32,
+        ),
+        (6, 2, 64, 32, RopeType::Norm, 3, true, 1.0),
+        (6, 2, 64, 64, RopeType::Neox, 5, false, 1.0),
+        (3, 1, 96, 72, RopeType::Neox, 2, false, 1.19),
     ];
-    for (n_head, n_kv, hd, n_rot, rt, t, norm) in cases {
+    for (n_head, n_kv, hd, n_rot, rt, t, norm, attn_factor) in cases {
         let what = format!(
-            "fused {n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm}"
+            "fused {n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm} attn_factor {attn_factor}"
         );
         let mut c = RopeConfig::new(hd, 10000.0, rt);
         c.n_rot = n_rot;
+        c.attn_factor = attn_factor;
         let n_ctx = 20u32;
         let cache = KvCache::new(
             &ctx,

@@ -16,6 +16,18 @@ llama.cpp's qwen2 insists on n_head*head_dim == n_embd, so small qwen2 files hav
 lfm2 has 3 layers (short convolution, attention, short convolution: `head_count_kv` [0, 2, 0]),
 a convolution of width `shortconv.l_cache` 3 and its final norm under `token_embd_norm`; as for
 qwen2, llama.cpp requires n_head*head_dim == n_embd (head_dim 16 in the small shape).
+phi3 is written as llama.cpp's converter writes Phi-3.5 / Phi-4-mini: q, k, v in one `attn_qkv`,
+gate and up in one `ffn_up` (gate rows first), LongRoPE `rope_factors_long`/`rope_factors_short`
+with `rope.scaling.attn_factor` and `rope.scaling.original_context_length`, and a sliding window
+key that llama.cpp ignores for this family. Like qwen2 it needs n_head*head_dim == n_embd. "phi3"
+has Phi-4-mini's partial rotary (3/4 of head_dim) and an original context of 32, below the
+scoring context (llama.cpp rounds it up to 256), so the long factors apply; "phi3-short" rotates
+whole heads and has an original context of 256, so the short ones apply.
+qwen35 (Qwen3.5 dense, as llama.cpp's converter writes it) is written for llama.cpp only, F32:
+cera-web does not run it yet, and its test checks the refusal. 4 layers, `full_attention_interval`
+2 (layers 0 and 2 gated delta-net, 1 and 3 gated attention), delta-net heads of 16 (2 key heads,
+4 value heads), conv kernel 4, attention head_dim 16 with 8 rotary dimensions (IMROPE sections
+[2, 1, 1, 0]); the attention's q projection carries a per-head output gate beside q.
 The tokenizer is `tokenizer.ggml.model = "none"` with `{arch}.vocab_size`: there is no vocabulary,
 the tests feed token ids.
 
@@ -81,6 +93,16 @@ ARCHS = {
     # (50 and 30) so that both caps change these small logits.
     "gemma2": dict(arch="gemma2", rope_base=50000.0, eps=1e-6, post_norms=True, tied=True,
                    sliding_window=8, sliding_window_pattern=2, attn_softcap=3.0, final_softcap=2.5),
+    # Phi-3 / Phi-4-mini (see the module doc): long factors, partial rotary.
+    "phi3": dict(arch="phi3", rope_base=10000.0, eps=1e-5, fused=True, head_dim={"small": 16},
+                 rot_pct=0.75, longrope=True, n_ctx_train=128, n_ctx_orig=32, sliding_window=8),
+    # Phi-3.5-mini's form: whole heads rotate, the short factors apply.
+    "phi3-short": dict(arch="phi3", rope_base=10000.0, eps=1e-5, fused=True, head_dim={"small": 16},
+                       longrope=True, n_ctx_train=1024, n_ctx_orig=256, sliding_window=8),
+    # Qwen3.5 dense (see the module doc): refused by cera-web for now, scored by llama.cpp.
+    "qwen35": dict(arch="qwen35", rope_base=10000000.0, eps=1e-6, head_dim={"small": 16}, n_layer=4,
+                   full_attention_interval=2, rot=8, rope_sections=[2, 1, 1, 0],
+                   ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=4)),
     # LFM2: per-layer head_count_kv (0 = gated short convolution), QK-norm, tied head.
     "lfm2": dict(arch="lfm2", rope_base=1000000.0, eps=1e-5, qk_norm=True, tied=True,
                  head_dim={"small": 16}, n_layer=3, layer_kv=[0, N_HEAD_KV, 0], l_cache=3),
@@ -88,6 +110,8 @@ ARCHS = {
 # Which types each model gets (the rope_freqs variant only needs one small and one K-quant file).
 MODEL_TYPES = {name: list(TYPES) for name in ARCHS}
 MODEL_TYPES["llama-rope-freqs"] = ["F32", "Q4_K"]
+MODEL_TYPES["phi3-short"] = ["F32", "Q4_K"]
+MODEL_TYPES["qwen35"] = ["F32"]
 
 
 def seed_for(name: str, shape: str) -> int:
@@ -98,6 +122,13 @@ def seed_for(name: str, shape: str) -> int:
 def head_dim(cfg: dict, n_embd: int) -> int:
     shape = next(k for k, v in SHAPES.items() if v["n_embd"] == n_embd)
     return cfg.get("head_dim", {}).get(shape, HEAD_DIM)
+
+
+def n_rot(cfg: dict, n_embd: int) -> int:
+    if "rot" in cfg:
+        return cfg["rot"]
+    # The converter's rope_dims = int(partial_rotary_factor * n_embd) // n_head.
+    return int(cfg.get("rot_pct", 1.0) * N_HEAD * head_dim(cfg, n_embd)) // N_HEAD
 
 
 def make_weights(name: str, cfg: dict, n_embd: int, n_ff: int, rng: np.random.Generator):
@@ -118,6 +149,9 @@ def make_weights(name: str, cfg: dict, n_embd: int, n_ff: int, rng: np.random.Ge
     for il in range(cfg.get("n_layer", N_LAYER)):
         p = f"blk.{il}."
         t[p + "attn_norm.weight"] = norm(n_embd)
+        if cfg["arch"] == "qwen35":
+            qwen35_layer(t, p, il, cfg, n_embd, n_ff, mat, norm, rng)
+            continue
         if "layer_kv" in cfg and cfg["layer_kv"][il] == 0:
             # LFM2 short convolution: in_proj -> B, C, x; conv kernel (n_embd, L) kept F32 by
             # llama.cpp's quantizer; taps of std 0.6 so the convolution's output matters.
@@ -129,9 +163,14 @@ def make_weights(name: str, cfg: dict, n_embd: int, n_ff: int, rng: np.random.Ge
             t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
             t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
             continue
-        t[p + "attn_q.weight"] = mat(q_dim, n_embd)
-        t[p + "attn_k.weight"] = mat(kv_dim, n_embd)
-        t[p + "attn_v.weight"] = mat(kv_dim, n_embd)
+        if cfg.get("fused"):
+            # Phi-3: q, k, v rows in one tensor; gate and up rows in one `ffn_up` (below).
+            t[p + "attn_qkv.weight"] = np.concatenate(
+                [mat(q_dim, n_embd), mat(kv_dim, n_embd), mat(kv_dim, n_embd)])
+        else:
+            t[p + "attn_q.weight"] = mat(q_dim, n_embd)
+            t[p + "attn_k.weight"] = mat(kv_dim, n_embd)
+            t[p + "attn_v.weight"] = mat(kv_dim, n_embd)
         t[p + "attn_output.weight"] = mat(n_embd, q_dim)
         if cfg.get("qkv_bias"):
             t[p + "attn_q.bias"] = (0.3 * rng.standard_normal(q_dim)).astype(np.float32)
@@ -146,8 +185,11 @@ def make_weights(name: str, cfg: dict, n_embd: int, n_ff: int, rng: np.random.Ge
             t[p + "post_attention_norm.weight"] = 8.0 * norm(n_embd)
             t[p + "post_ffw_norm.weight"] = 8.0 * norm(n_embd)
         t[p + "ffn_norm.weight"] = norm(n_embd)
-        t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
-        t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
+        if cfg.get("fused"):
+            t[p + "ffn_up.weight"] = np.concatenate([mat(n_ff, n_embd), mat(n_ff, n_embd)])
+        else:
+            t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
+            t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
         t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
     t["token_embd_norm.weight" if cfg["arch"] == "lfm2" else "output_norm.weight"] = norm(n_embd)
     if not cfg.get("tied"):
@@ -157,14 +199,52 @@ def make_weights(name: str, cfg: dict, n_embd: int, n_ff: int, rng: np.random.Ge
         # Divisors of each pair's frequency (theta_i = pos * base^(-2i/d) / f_i), like Llama 3's
         # but random in [1, 4] so that every pair is affected at short positions.
         t["rope_freqs.weight"] = rng.uniform(1.0, 4.0, hd // 2).astype(np.float32)
+    if cfg.get("longrope"):
+        # LongRoPE divisors per rotary pair: the long ones large (as in Phi-3.5's, up to ~60),
+        # the short ones near 1, so that taking the wrong set changes every position.
+        half = n_rot(cfg, n_embd) // 2
+        t["rope_factors_long.weight"] = rng.uniform(2.0, 12.0, half).astype(np.float32)
+        t["rope_factors_short.weight"] = rng.uniform(1.0, 1.6, half).astype(np.float32)
     return t
+
+
+def qwen35_layer(t, p, il, cfg, n_embd, n_ff, mat, norm, rng):
+    """One Qwen3.5 block: gated delta-net (recurrent) or gated attention, then the SwiGLU FFN."""
+    hd = head_dim(cfg, n_embd)
+    ssm = cfg["ssm"]
+    key_dim = ssm["d_state"] * ssm["n_group"]
+    value_dim = ssm["d_state"] * ssm["dt_rank"]
+    t[p + "post_attention_norm.weight"] = norm(n_embd)
+    if (il + 1) % cfg["full_attention_interval"] != 0:
+        t[p + "attn_qkv.weight"] = mat(2 * key_dim + value_dim, n_embd)
+        t[p + "attn_gate.weight"] = mat(value_dim, n_embd)
+        # Depthwise causal conv over q|k|v, (channels, d_conv), kept F32 like LFM2's.
+        t[p + "ssm_conv1d.weight"] = (0.5 * rng.standard_normal((2 * key_dim + value_dim, ssm["d_conv"]))).astype(np.float32)
+        t[p + "ssm_dt.bias"] = (0.5 * rng.standard_normal(ssm["dt_rank"])).astype(np.float32)
+        # The converter writes A = -exp(A_log): negative decay rates.
+        t[p + "ssm_a"] = (-np.exp(rng.uniform(-1.0, 1.0, ssm["dt_rank"]))).astype(np.float32)
+        t[p + "ssm_beta.weight"] = mat(ssm["dt_rank"], n_embd)
+        t[p + "ssm_alpha.weight"] = mat(ssm["dt_rank"], n_embd)
+        t[p + "ssm_norm.weight"] = norm(ssm["d_state"])
+        t[p + "ssm_out.weight"] = mat(n_embd, value_dim)
+    else:
+        # q and its output gate, per head side by side: (2 * head_dim * n_head) rows.
+        t[p + "attn_q.weight"] = mat(2 * hd * N_HEAD, n_embd)
+        t[p + "attn_k.weight"] = mat(hd * N_HEAD_KV, n_embd)
+        t[p + "attn_v.weight"] = mat(hd * N_HEAD_KV, n_embd)
+        t[p + "attn_output.weight"] = mat(n_embd, hd * N_HEAD)
+        t[p + "attn_q_norm.weight"] = norm(hd, 0.3)
+        t[p + "attn_k_norm.weight"] = norm(hd, 0.3)
+    t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
+    t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
+    t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
 
 
 def hparams(name: str, cfg: dict, n_embd: int, n_ff: int) -> dict:
     """The metadata keys written (without the `{arch}.` prefix), for the manifest."""
     hd = head_dim(cfg, n_embd)
     h = {
-        "context_length": N_CTX,
+        "context_length": cfg.get("n_ctx_train", N_CTX),
         "embedding_length": n_embd,
         "block_count": cfg.get("n_layer", N_LAYER),
         "feed_forward_length": n_ff,
@@ -173,10 +253,22 @@ def hparams(name: str, cfg: dict, n_embd: int, n_ff: int) -> dict:
         "attention.key_length": hd,
         "attention.value_length": hd,
         "attention.layer_norm_rms_epsilon": cfg["eps"],
-        "rope.dimension_count": hd,
+        "rope.dimension_count": n_rot(cfg, n_embd),
         "rope.freq_base": cfg["rope_base"],
         "vocab_size": N_VOCAB,
     }
+    if "ssm" in cfg:
+        ssm = cfg["ssm"]
+        h.update({"ssm.conv_kernel": ssm["d_conv"], "ssm.state_size": ssm["d_state"],
+                  "ssm.group_count": ssm["n_group"], "ssm.time_step_rank": ssm["dt_rank"],
+                  "ssm.inner_size": ssm["d_state"] * ssm["dt_rank"],
+                  "full_attention_interval": cfg["full_attention_interval"],
+                  "rope.dimension_sections": cfg["rope_sections"]})
+    if cfg.get("longrope"):
+        # The converter's LongRoPE attention factor: sqrt(1 + ln(scale) / ln(original context)).
+        scale = h["context_length"] / cfg["n_ctx_orig"]
+        h["rope.scaling.original_context_length"] = cfg["n_ctx_orig"]
+        h["rope.scaling.attn_factor"] = float(np.sqrt(1 + np.log(scale) / np.log(cfg["n_ctx_orig"])))
     for k, key in [("embedding_scale", "embedding_scale"), ("residual_scale", "residual_scale"),
                    ("logit_scale", "logit_scale"), ("attention_scale", "attention.scale"),
                    ("sliding_window", "attention.sliding_window"),
@@ -210,7 +302,8 @@ def write_gguf(path: Path, name: str, cfg: dict, shape: str, qtype, file_type: i
             w.add_uint32(full, int(val))
     w.add_tokenizer_model("none")
     for tname, arr in tensors.items():
-        if arr.ndim == 2 and qtype not in (None, QT.F32) and "shortconv.conv" not in tname:
+        if arr.ndim == 2 and qtype not in (None, QT.F32) and "shortconv.conv" not in tname \
+                and "ssm_conv1d" not in tname:
             w.add_tensor(tname, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(tname, arr)

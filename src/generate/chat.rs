@@ -67,6 +67,11 @@ pub enum Builtin {
     Llama2,
     /// `<|start_of_role|>{role}<|end_of_role|>{content}<|end_of_text|>\n` (IBM Granite).
     Granite,
+    /// `<|{role}|>\n{content}<|end|>\n` (Phi-3, Phi-3.5, Phi-4-mini).
+    Phi3,
+    /// `<|im_start|>{role}<|im_sep|>{content}<|im_end|>` (Phi-4 14B, whose vocabulary has
+    /// `<|im_sep|>`).
+    Phi4,
 }
 
 impl Builtin {
@@ -77,6 +82,8 @@ impl Builtin {
             "gemma" | "gemma2" | "gemma3" | "gemma3n" => Some(Builtin::Gemma),
             "qwen2" | "qwen3" | "qwen2moe" | "qwen3moe" => Some(Builtin::ChatMl),
             "granite" | "granitemoe" => Some(Builtin::Granite),
+            "phi3" if has_token("<|im_sep|>") => Some(Builtin::Phi4),
+            "phi3" => Some(Builtin::Phi3),
             "llama" if has_token("<|start_header_id|>") => Some(Builtin::Llama3),
             "llama" => Some(Builtin::Llama2),
             _ if has_token("<|im_start|>") => Some(Builtin::ChatMl),
@@ -92,6 +99,8 @@ impl Builtin {
             "chatml" => Builtin::ChatMl,
             "llama2" | "llama2-sys-bos" | "mistral" => Builtin::Llama2,
             "granite" => Builtin::Granite,
+            "phi3" => Builtin::Phi3,
+            "phi4" => Builtin::Phi4,
             _ => return None,
         })
     }
@@ -151,6 +160,18 @@ impl Builtin {
 {{- '<|start_of_role|>' + message.role + '<|end_of_role|>' + message.content + '<|end_of_text|>\n' -}}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|start_of_role|>assistant<|end_of_role|>' -}}{%- endif -%}"#
+            }
+            Builtin::Phi3 => {
+                r#"{%- for message in messages -%}
+{{- '<|' + message.role + '|>\n' + message.content + '<|end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|assistant|>\n' -}}{%- endif -%}"#
+            }
+            Builtin::Phi4 => {
+                r#"{%- for message in messages -%}
+{{- '<|im_start|>' + message.role + '<|im_sep|>' + message.content + '<|im_end|>' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant<|im_sep|>' -}}{%- endif -%}"#
             }
         }
     }
@@ -406,6 +427,17 @@ mod tests {
              <|start_of_role|>assistant<|end_of_role|>Hello.<|end_of_text|>\n<|start_of_role|>user<|end_of_role|> What is 2+2? <|end_of_text|>\n\
              <|start_of_role|>assistant<|end_of_role|>"
         );
+        assert_eq!(
+            r(Builtin::Phi3),
+            "<|system|>\nYou are terse.<|end|>\n<|user|>\nHi!<|end|>\n<|assistant|>\nHello.<|end|>\n\
+             <|user|>\n What is 2+2? <|end|>\n<|assistant|>\n"
+        );
+        assert_eq!(
+            r(Builtin::Phi4),
+            "<|im_start|>system<|im_sep|>You are terse.<|im_end|><|im_start|>user<|im_sep|>Hi!<|im_end|>\
+             <|im_start|>assistant<|im_sep|>Hello.<|im_end|><|im_start|>user<|im_sep|> What is 2+2? <|im_end|>\
+             <|im_start|>assistant<|im_sep|>"
+        );
     }
 
     #[test]
@@ -423,6 +455,11 @@ mod tests {
             Some(Builtin::Llama3)
         );
         assert_eq!(Builtin::detect("llama", &no_tokens), Some(Builtin::Llama2));
+        assert_eq!(Builtin::detect("phi3", &no_tokens), Some(Builtin::Phi3));
+        assert_eq!(
+            Builtin::detect("phi3", &|t: &str| t == "<|im_sep|>"),
+            Some(Builtin::Phi4)
+        );
         assert_eq!(Builtin::detect("lfm2", &no_tokens), None);
         assert_eq!(
             Builtin::detect("lfm2", &|t: &str| t == "<|im_start|>"),

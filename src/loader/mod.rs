@@ -124,7 +124,13 @@ pub struct StreamLoader<'a> {
     tensors_loaded: usize,
     since_submit: u64,
     peak_buffered: usize,
+    /// Run on the header before any tensor is planned or written (see
+    /// [`StreamLoader::with_header_check`]).
+    header_check: Option<HeaderCheck<'a>>,
 }
+
+/// A check of the header ([`StreamLoader::with_header_check`]).
+pub type HeaderCheck<'a> = Box<dyn FnMut(&GgufHeader) -> Result<()> + 'a>;
 
 impl<'a> StreamLoader<'a> {
     /// A loader onto `ctx`; `total_size` (from Content-Length or the file) enables the range checks.
@@ -150,7 +156,16 @@ impl<'a> StreamLoader<'a> {
             tensors_loaded: 0,
             since_submit: 0,
             peak_buffered: 0,
+            header_check: None,
         }
+    }
+
+    /// Check the header as soon as it is parsed, before any tensor is planned or written: an
+    /// error (an unknown architecture, a tokenizer we cannot build) stops the load with nothing
+    /// uploaded, even when the chunk that completes the header also carries tensor bytes.
+    pub fn with_header_check(mut self, check: impl FnMut(&GgufHeader) -> Result<()> + 'a) -> Self {
+        self.header_check = Some(Box::new(check));
+        self
     }
 
     /// Staging area size (at least one row is always held).
@@ -239,6 +254,9 @@ impl<'a> StreamLoader<'a> {
     }
 
     fn on_header(&mut self, h: Arc<GgufHeader>) -> Result<()> {
+        if let Some(check) = self.header_check.as_mut() {
+            check(&h)?;
+        }
         let plan = plan_with(&h, self.max_binding, self.fuse)?;
         let max = self.ctx.limits.max_buffer_size;
         for pt in &plan.tensors {
@@ -466,11 +484,22 @@ pub fn gguf_error(e: GgufError) -> Error {
 /// Natively: load a file from disk in 1 MiB reads.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn load_file(ctx: &GpuContext, path: &std::path::Path) -> Result<LoadedModel> {
+    load_file_with(ctx, path, |_| Ok(()))
+}
+
+/// [`load_file`] with a check of the header before any tensor is written
+/// ([`StreamLoader::with_header_check`]).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn load_file_with(
+    ctx: &GpuContext,
+    path: &std::path::Path,
+    check: impl FnMut(&GgufHeader) -> Result<()>,
+) -> Result<LoadedModel> {
     use std::io::Read;
     let mut f = std::fs::File::open(path)
         .map_err(|e| Error::invalid(format!("cannot open {}: {e}", path.display())))?;
     let size = f.metadata().map(|m| m.len()).ok();
-    let mut loader = StreamLoader::new(ctx, size);
+    let mut loader = StreamLoader::new(ctx, size).with_header_check(check);
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = f

@@ -13,6 +13,8 @@
 //! ```
 //! LFM2's short-convolution layers replace the attention block with a gated convolution
 //! (`lfm2.rs`); SmolLM3's every fourth layer has no rope (a rope of zero rotary dimensions).
+//! Phi-3 stores q, k, v in one tensor and gate, up in one (the same GEMVs as a fusion made at
+//! load), and brings two sets of LongRoPE factors, chosen by the cache's context length.
 //! Encoding is synchronous; the caller submits and reads back.
 
 use super::hparams::{Arch, HParams};
@@ -77,11 +79,18 @@ pub struct Model {
     output: String,
     /// The final norm (`output_norm`; LFM2 stores it as `token_embd_norm`).
     output_norm: String,
-    /// The rope of each layer (base, layout, frequency factors), shared with the KV cache shift.
-    pub layer_ropes: Vec<RopeConfig>,
-    /// Each layer's index into `rope_tables` (layers with the same rope share a table).
-    layer_table: Vec<usize>,
+    /// Every layer's rope; LongRoPE models (Phi-3) have a second set, `[short, long]`, and a
+    /// cache takes one by its context length ([`HParams::long_rope`]).
+    ropes: Vec<LayerRopes>,
     rope_tables: Vec<RopeTable>,
+}
+
+/// The rope of each layer for one context class.
+struct LayerRopes {
+    /// Base, layout, frequency factors, attention factor; shared with the KV cache shift.
+    configs: Vec<RopeConfig>,
+    /// Each layer's index into `Model::rope_tables` (layers with the same rope share a table).
+    table: Vec<usize>,
 }
 
 /// Activation buffers for batches of up to `max_batch` tokens.
@@ -133,19 +142,33 @@ impl Model {
                 continue;
             }
             let gemma = hp.post_norms;
-            let qkv = [
-                need(T::AttnQ.name(l))?,
-                need(T::AttnK.name(l))?,
-                need(T::AttnV.name(l))?,
-            ];
-            let gate_up = [need(T::FfnGate.name(l))?, need(T::FfnUp.name(l))?];
+            let (qd, kvd, ff) = (hp.q_dim() as u64, hp.kv_dim() as u64, hp.n_ff as u64);
+            // Phi-3's files hold q, k, v as one tensor (rows in that order), which is the layout
+            // a fusion at load gives the separate ones.
+            let (qkv, qkv_widths) = match opt(T::AttnQkv.name(l)) {
+                Some(fused) => (vec![fused], vec![qd + 2 * kvd]),
+                None => (
+                    vec![
+                        need(T::AttnQ.name(l))?,
+                        need(T::AttnK.name(l))?,
+                        need(T::AttnV.name(l))?,
+                    ],
+                    vec![qd, kvd, kvd],
+                ),
+            };
+            // Phi-3's `ffn_up` is gate and up in one, `(2 n_ff, n_embd)`, gate rows first (the
+            // GLU kernel's layout: act(first half) * second half).
+            let (gate_up, gate_up_widths) = if hp.arch == Arch::Phi3 {
+                (vec![need(T::FfnUp.name(l))?], vec![2 * ff])
+            } else {
+                (
+                    vec![need(T::FfnGate.name(l))?, need(T::FfnUp.name(l))?],
+                    vec![ff, ff],
+                )
+            };
             layers.push(Layer {
                 attn_norm: need(T::AttnNorm.name(l))?,
-                qkv: projections(
-                    &weights,
-                    &qkv,
-                    &[hp.q_dim() as u64, hp.kv_dim() as u64, hp.kv_dim() as u64],
-                )?,
+                qkv: projections(&weights, &qkv, &qkv_widths)?,
                 q_bias: opt(T::AttnQBias.name(l)),
                 k_bias: opt(T::AttnKBias.name(l)),
                 v_bias: opt(T::AttnVBias.name(l)),
@@ -166,7 +189,7 @@ impl Model {
                     None
                 },
                 ffn_norm: need(T::FfnNorm.name(l))?,
-                gate_up: projections(&weights, &gate_up, &[hp.n_ff as u64, hp.n_ff as u64])?,
+                gate_up: projections(&weights, &gate_up, &gate_up_widths)?,
                 down: need(T::FfnDown.name(l))?,
                 post_ffw_norm: if gemma {
                     Some(need(T::PostFfwNorm.name(l))?)
@@ -221,66 +244,34 @@ impl Model {
             names::TOKEN_EMBD.to_string()
         };
         // Frequency factors: also kept on the CPU, because the context shift's cos/sin table
-        // needs them.
-        let ff = match weights.tensors.get(names::ROPE_FREQS) {
-            Some(t) => {
-                let v = crate::gpu::readback::read_f32(
-                    ctx,
-                    &t.parts[0].buffer,
-                    0,
-                    (t.rows * t.cols) as usize,
-                )
-                .await?;
-                if v.len() != hp.n_rot as usize / 2 {
-                    return Err(Error::new(
-                        ErrorCode::BadGguf,
-                        format!(
-                            "rope_freqs has {} factors, {} expected",
-                            v.len(),
-                            hp.n_rot / 2
-                        ),
-                    ));
-                }
-                Some(v)
-            }
-            None => None,
+        // needs them. As in llama.cpp, `rope_freqs` (Llama 3) serves every context; otherwise
+        // LongRoPE's short factors serve a context within the original one and its long factors
+        // one past it.
+        let half_rot = hp.n_rot as usize / 2;
+        let freqs = rope_factors(ctx, &weights, names::ROPE_FREQS, half_rot).await?;
+        let short = rope_factors(ctx, &weights, names::ROPE_FACTORS_SHORT, half_rot).await?;
+        let long = rope_factors(ctx, &weights, names::ROPE_FACTORS_LONG, half_rot).await?;
+        let factor_sets = match (freqs, long) {
+            (Some(f), _) => vec![Some(f)],
+            (None, Some(long)) => vec![short, Some(long)],
+            (None, None) => vec![short],
         };
-        // One rope per layer: base (local or global), layout, frequency factors, and linear
-        // scaling folded into the factors (angle * s = angle / (1 / s)).
-        let layer_ropes: Vec<RopeConfig> = (0..hp.n_layer)
-            .map(|l| {
-                let swa = hp.is_swa(l);
-                let mut r = RopeConfig::new(
-                    hp.head_dim as usize,
-                    if swa { hp.rope_base_swa } else { hp.rope_base },
-                    hp.rope_type,
-                );
-                r.n_rot = hp.n_rot as usize;
-                // SmolLM3's no-rope layers: no dimension rotates (K cells then shift unrotated).
-                if !hp.uses_rope(l) {
-                    r.n_rot = 0;
-                    return r;
-                }
-                let s = if swa { 1.0 } else { hp.rope_freq_scale };
-                r.freq_factors = match (&ff, s != 1.0) {
-                    (Some(f), _) => Some(f.iter().map(|x| x / s).collect()),
-                    (None, true) => Some(vec![1.0 / s; hp.n_rot as usize / 2]),
-                    (None, false) => None,
-                };
-                r
-            })
-            .collect();
         let mut rope_tables: Vec<RopeTable> = Vec::new();
-        let mut layer_table = Vec::with_capacity(layer_ropes.len());
-        for r in &layer_ropes {
-            let i = match rope_tables.iter().position(|t| &t.config == r) {
-                Some(i) => i,
-                None => {
-                    rope_tables.push(RopeTable::new(ctx, r)?);
-                    rope_tables.len() - 1
-                }
-            };
-            layer_table.push(i);
+        let mut ropes = Vec::with_capacity(factor_sets.len());
+        for ff in &factor_sets {
+            let configs = ropes_of_layers(&hp, ff.as_deref());
+            let mut table = Vec::with_capacity(configs.len());
+            for r in &configs {
+                let i = match rope_tables.iter().position(|t| &t.config == r) {
+                    Some(i) => i,
+                    None => {
+                        rope_tables.push(RopeTable::new(ctx, r)?);
+                        rope_tables.len() - 1
+                    }
+                };
+                table.push(i);
+            }
+            ropes.push(LayerRopes { configs, table });
         }
         Ok(Model {
             hp,
@@ -288,10 +279,22 @@ impl Model {
             layers,
             output,
             output_norm,
-            layer_ropes,
-            layer_table,
+            ropes,
             rope_tables,
         })
+    }
+
+    /// The layers' ropes for a cache of `n_ctx` cells (LongRoPE: short or long factors).
+    fn ropes_for(&self, n_ctx: u32) -> &LayerRopes {
+        match &self.ropes[..] {
+            [_, long] if self.hp.long_rope(n_ctx) => long,
+            _ => &self.ropes[0],
+        }
+    }
+
+    /// Every layer's rope (base, layout, factors) for a cache of `n_ctx` cells.
+    pub fn layer_ropes(&self, n_ctx: u32) -> &[RopeConfig] {
+        &self.ropes_for(n_ctx).configs
     }
 
     /// The output head (`token_embd` when tied).
@@ -312,7 +315,7 @@ impl Model {
                 n_ctx,
                 n_kv_heads: self.hp.n_head_kv,
                 head_dim: self.hp.head_dim,
-                layer_ropes: self.layer_ropes.clone(),
+                layer_ropes: self.layer_ropes(n_ctx).to_vec(),
                 shift_workgroup_size: None,
                 max_scratch_cells: None,
             },
@@ -534,6 +537,7 @@ impl Model {
         let attn_scratch = kernels::attention_scratch(ctx, hp, n, max_cells)?;
         let mut rec = Recorder::new(ctx);
         let (e, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
+        let ropes = self.ropes_for(kv.n_ctx());
 
         // x = embed(tokens) * embedding_scale                                   (n, n_embd)
         embed::prepare(
@@ -575,7 +579,7 @@ impl Model {
                 self.plan_conv_layer(&mut rec, ws, kv, l, n)?;
                 continue;
             }
-            let rope_table = &self.rope_tables[self.layer_table[l]];
+            let rope_table = &self.rope_tables[ropes.table[l]];
             // q, k, v projections of h (+ bias), side by side         (n, q_dim + 2 kv_dim)
             let qkv_w = (qd + 2 * kvd) as u64;
             if fold {
@@ -771,6 +775,69 @@ impl Model {
             _attn_scratch: attn_scratch,
         })
     }
+}
+
+/// A vector of rope frequency factors (`n_rot / 2` f32), read back to the CPU; `None` when the
+/// file lacks the tensor.
+async fn rope_factors(
+    ctx: &GpuContext,
+    weights: &LoadedModel,
+    name: &str,
+    half_rot: usize,
+) -> Result<Option<Vec<f32>>> {
+    let Some(t) = weights.tensors.get(name) else {
+        return Ok(None);
+    };
+    if t.ty != crate::gguf::GgmlType::F32 || t.parts.len() != 1 {
+        return Err(Error::new(
+            ErrorCode::BadGguf,
+            format!("{name} must be one f32 vector"),
+        ));
+    }
+    let v = crate::gpu::readback::read_f32(ctx, &t.parts[0].buffer, 0, (t.rows * t.cols) as usize)
+        .await?;
+    if v.len() != half_rot {
+        return Err(Error::new(
+            ErrorCode::BadGguf,
+            format!("{name} has {} factors, {half_rot} expected", v.len()),
+        ));
+    }
+    if let Some(bad) = v.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+        return Err(Error::new(
+            ErrorCode::BadGguf,
+            format!("{name} holds the factor {bad} (factors divide angles: finite and positive)"),
+        ));
+    }
+    Ok(Some(v))
+}
+
+/// One rope per layer: base (local or global), layout, rotary width, frequency factors `ff`,
+/// linear scaling folded into the factors (angle * s = angle / (1 / s)), attention factor.
+fn ropes_of_layers(hp: &HParams, ff: Option<&[f32]>) -> Vec<RopeConfig> {
+    (0..hp.n_layer)
+        .map(|l| {
+            let swa = hp.is_swa(l);
+            let mut r = RopeConfig::new(
+                hp.head_dim as usize,
+                if swa { hp.rope_base_swa } else { hp.rope_base },
+                hp.rope_type,
+            );
+            r.n_rot = hp.n_rot as usize;
+            // SmolLM3's no-rope layers: no dimension rotates (K cells then shift unrotated).
+            if !hp.uses_rope(l) {
+                r.n_rot = 0;
+                return r;
+            }
+            r.attn_factor = hp.rope_attn_factor;
+            let s = if swa { 1.0 } else { hp.rope_freq_scale };
+            r.freq_factors = match (ff, s != 1.0) {
+                (Some(f), _) => Some(f.iter().map(|x| x / s).collect()),
+                (None, true) => Some(vec![1.0 / s; hp.n_rot as usize / 2]),
+                (None, false) => None,
+            };
+            r
+        })
+        .collect()
 }
 
 /// The GPU tensors computing projections `members` (tensors of the file, in output column order,

@@ -17,6 +17,9 @@ pub enum Arch {
     Granite,
     /// SmolLM3: LLaMA with no rope on every fourth layer.
     Smollm3,
+    /// Phi-3 / Phi-4-mini: q, k, v in one `attn_qkv` tensor, gate and up in one `ffn_up`, NeoX
+    /// rope (partial where `rope.dimension_count` says so) with LongRoPE factors where present.
+    Phi3,
     /// Gemma 2: embedding scale, post-attention/post-FFN norms, GeGLU, alternating sliding
     /// window, attention and final logit soft-capping.
     Gemma2,
@@ -35,13 +38,14 @@ impl Arch {
             "qwen3" => Arch::Qwen3,
             "granite" => Arch::Granite,
             "smollm3" => Arch::Smollm3,
+            "phi3" => Arch::Phi3,
             "gemma2" => Arch::Gemma2,
             "gemma3" => Arch::Gemma3,
             "lfm2" => Arch::Lfm2,
             other => {
                 return Err(Error::new(
                     ErrorCode::UnsupportedArch,
-                    format!("architecture \"{other}\" is not supported; cera-web runs llama, qwen2, qwen3, granite, smollm3, gemma2, gemma3 and lfm2"),
+                    format!("architecture \"{other}\" is not supported; cera-web runs llama, qwen2, qwen3, granite, smollm3, phi3, gemma2, gemma3 and lfm2"),
                 ))
             }
         })
@@ -54,6 +58,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Granite => "granite",
             Arch::Smollm3 => "smollm3",
+            Arch::Phi3 => "phi3",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
             Arch::Lfm2 => "lfm2",
@@ -83,6 +88,12 @@ pub struct HParams {
     pub rope_base_swa: f32,
     /// Linear rope scaling of global layers (positions are multiplied by this).
     pub rope_freq_scale: f32,
+    /// `rope.scaling.attn_factor`: multiplies the rotated pairs of q and k (Phi-3's LongRoPE);
+    /// 1 when absent.
+    pub rope_attn_factor: f32,
+    /// `rope.scaling.original_context_length` (default: the training context): a context past
+    /// it takes `rope_factors_long`, otherwise `rope_factors_short` (Phi-3's LongRoPE).
+    pub n_ctx_orig: u32,
     /// 0 = no sliding window.
     pub sliding_window: u32,
     /// Layer `l` uses the sliding window when `l % pattern < pattern - 1` (Gemma 3: 6).
@@ -176,7 +187,9 @@ impl HParams {
             .unwrap_or(1e-5);
         let rope_type = match arch {
             Arch::Llama | Arch::Granite | Arch::Smollm3 => RopeType::Norm,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Lfm2 => RopeType::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Lfm2 => {
+                RopeType::Neox
+            }
         };
         let n_rot = h.get_u32(&key("rope.dimension_count")).unwrap_or(head_dim);
         let rope_base = h.get_f32(&key("rope.freq_base")).unwrap_or(10000.0);
@@ -186,6 +199,26 @@ impl HParams {
             "linear" if factor > 0.0 => 1.0 / factor,
             _ => 1.0,
         };
+        let n_ctx_train = h.get_u32(&key("context_length")).unwrap_or(4096);
+        let rope_attn_factor = h.get_f32(&key("rope.scaling.attn_factor")).unwrap_or(1.0);
+        if !(rope_attn_factor.is_finite() && rope_attn_factor > 0.0) {
+            return Err(Error::new(
+                ErrorCode::BadGguf,
+                format!(
+                    "{} is {rope_attn_factor} (must be finite and positive)",
+                    key("rope.scaling.attn_factor")
+                ),
+            ));
+        }
+        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
+            return Err(Error::new(
+                ErrorCode::BadGguf,
+                format!(
+                    "{} is {n_rot} (must be even and at most head_dim {head_dim})",
+                    key("rope.dimension_count")
+                ),
+            ));
+        }
         let mut hp = HParams {
             arch,
             n_vocab,
@@ -195,13 +228,17 @@ impl HParams {
             n_head_kv,
             head_dim,
             n_ff,
-            n_ctx_train: h.get_u32(&key("context_length")).unwrap_or(4096),
+            n_ctx_train,
             rms_eps,
             rope_type,
             n_rot,
             rope_base,
             rope_base_swa: rope_base,
             rope_freq_scale,
+            rope_attn_factor,
+            n_ctx_orig: h
+                .get_u32(&key("rope.scaling.original_context_length"))
+                .unwrap_or(n_ctx_train),
             sliding_window: 0,
             swa_pattern: 1,
             embedding_scale: 1.0,
@@ -223,6 +260,9 @@ impl HParams {
             // llama.cpp fixes the step at 4 (no GGUF key).
             Arch::Smollm3 => hp.no_rope_step = 4,
             Arch::Qwen2 => hp.qkv_bias = true,
+            // llama.cpp ignores Phi-3's `attention.sliding_window` (every layer attends to the
+            // whole context), and so do we: the file's window is left unread.
+            Arch::Phi3 => {}
             Arch::Qwen3 => hp.qk_norm = true,
             Arch::Granite => {
                 hp.embedding_scale = h.get_f32(&key("embedding_scale")).unwrap_or(1.0);
@@ -327,6 +367,12 @@ impl HParams {
     pub fn q_dim(&self) -> u32 {
         self.n_head * self.head_dim
     }
+
+    /// Whether a context of `n_ctx` cells takes LongRoPE's long factors: llama.cpp rounds the
+    /// context up to a multiple of 256, then compares it with the original context length.
+    pub fn long_rope(&self, n_ctx: u32) -> bool {
+        n_ctx.checked_next_multiple_of(256).unwrap_or(u32::MAX) > self.n_ctx_orig
+    }
 }
 
 /// An integer array key as u32s (gguf-py writes Python ints as INT32, other writers UINT32).
@@ -366,14 +412,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn phi3_reads_longrope_keys_and_ignores_the_window() {
+        let bytes = include_bytes!("../../tests/fixtures/models/phi3-F32.gguf");
+        let (h, _) = crate::gguf::parse_bytes(bytes).unwrap();
+        let hp = HParams::from_gguf(&h).unwrap();
+        assert_eq!(hp.arch, Arch::Phi3);
+        assert_eq!((hp.head_dim, hp.n_rot, hp.n_ctx_orig), (16, 12, 32));
+        assert!(
+            (hp.rope_attn_factor - 1.1832).abs() < 1e-4,
+            "{}",
+            hp.rope_attn_factor
+        );
+        // The file says 8; llama.cpp attends to the whole context on Phi-3.
+        assert_eq!(hp.sliding_window, 0);
+        assert!(!hp.is_swa(0));
+        // llama.cpp rounds the context up to 256 before comparing with the original length.
+        let mut hp = hp;
+        hp.n_ctx_orig = 4096;
+        for (n_ctx, long) in [(1, false), (4096, false), (4097, true), (u32::MAX, true)] {
+            assert_eq!(hp.long_rope(n_ctx), long, "{n_ctx}");
+        }
+        hp.n_ctx_orig = 300;
+        assert!(!hp.long_rope(256) && hp.long_rope(257));
+    }
+
+    #[test]
     fn unsupported_architectures_are_named() {
-        for name in ["qwen35", "phi3", "lfm2moe"] {
+        for name in ["qwen35", "phi2", "lfm2moe"] {
             let e = Arch::from_name(name).unwrap_err();
             assert_eq!(e.code, ErrorCode::UnsupportedArch);
             assert!(e.message.contains(&format!("\"{name}\"")), "{e}");
         }
+        // A Qwen3.5 file as llama.cpp's converter writes it (llama.cpp loads and scores it:
+        // tests/fixtures/oracle/synthetic.json) is refused from its header.
+        let bytes = include_bytes!("../../tests/fixtures/models/qwen35-F32.gguf");
+        let (h, _) = crate::gguf::parse_bytes(bytes).unwrap();
+        let e = HParams::from_gguf(&h).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UnsupportedArch);
+        assert!(e.message.contains("\"qwen35\""), "{e}");
         for name in [
-            "llama", "qwen2", "qwen3", "granite", "smollm3", "gemma2", "gemma3", "lfm2",
+            "llama", "qwen2", "qwen3", "granite", "smollm3", "phi3", "gemma2", "gemma3", "lfm2",
         ] {
             assert_eq!(Arch::from_name(name).unwrap().name(), name);
         }

@@ -4,6 +4,10 @@ pub const TOKEN_EMBD: &str = "token_embd.weight";
 pub const OUTPUT_NORM: &str = "output_norm.weight";
 pub const OUTPUT: &str = "output.weight";
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
+/// Phi-3 LongRoPE: per rotary pair frequency divisors for a context past the original one.
+pub const ROPE_FACTORS_LONG: &str = "rope_factors_long.weight";
+/// Phi-3 LongRoPE: the divisors for a context within the original one.
+pub const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
 /// LFM2's final norm: llama.cpp's converter writes it under this name (`LLM_TENSOR_OUTPUT_NORM_LFM2`).
 pub const OUTPUT_NORM_LFM2: &str = "token_embd_norm.weight";
 
@@ -14,6 +18,8 @@ pub enum LayerTensor {
     AttnQ,
     AttnK,
     AttnV,
+    /// Phi-3: q, k and v in one tensor, `n_embd -> q_dim + 2 kv_dim` (rows in that order).
+    AttnQkv,
     AttnQBias,
     AttnKBias,
     AttnVBias,
@@ -23,6 +29,7 @@ pub enum LayerTensor {
     PostAttentionNorm,
     FfnNorm,
     FfnGate,
+    /// `n_embd -> n_ff`; Phi-3's is `n_embd -> 2 n_ff`, gate rows then up rows.
     FfnUp,
     FfnDown,
     PostFfwNorm,
@@ -42,6 +49,7 @@ impl LayerTensor {
             AttnQ => "attn_q.weight",
             AttnK => "attn_k.weight",
             AttnV => "attn_v.weight",
+            AttnQkv => "attn_qkv.weight",
             AttnQBias => "attn_q.bias",
             AttnKBias => "attn_k.bias",
             AttnVBias => "attn_v.bias",

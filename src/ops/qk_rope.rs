@@ -35,6 +35,11 @@ pub struct QkRopeParams {
     pub k_offset: u32,
     pub v_offset: u32,
     pub in_stride: u32,
+    /// Multiplies the rotated pairs ([`crate::rope::RopeConfig::attn_factor`]).
+    pub attn_factor: f32,
+    pub _pad0: u32,
+    pub _pad1: u32,
+    pub _pad2: u32,
 }
 
 impl WgslParams for QkRopeParams {
@@ -53,6 +58,10 @@ impl WgslParams for QkRopeParams {
         ("k_offset", offset_of!(QkRopeParams, k_offset)),
         ("v_offset", offset_of!(QkRopeParams, v_offset)),
         ("in_stride", offset_of!(QkRopeParams, in_stride)),
+        ("attn_factor", offset_of!(QkRopeParams, attn_factor)),
+        ("_pad0", offset_of!(QkRopeParams, _pad0)),
+        ("_pad1", offset_of!(QkRopeParams, _pad1)),
+        ("_pad2", offset_of!(QkRopeParams, _pad2)),
     ];
 }
 
@@ -270,6 +279,8 @@ fn prepare_inner(
         k_offset: u32_of("k offset", b.k_offset)?,
         v_offset: u32_of("v offset", b.v_offset)?,
         in_stride: u32_of("source stride", src_stride.unwrap_or(0))?,
+        attn_factor: c.attn_factor,
+        ..Default::default()
     };
     if let Some(stride) = src_stride {
         u32_of("source end", n_tokens as u64 * stride)?;

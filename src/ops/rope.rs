@@ -29,7 +29,7 @@ pub const WORKGROUP_SIZE: u32 = 64;
 
 /// Uniform of `rope.wgsl` (both entry points).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct RopeParams {
     pub n_tokens: u32,
     /// Heads of x (`rope`) or KV heads (`rope_kv_write`).
@@ -44,6 +44,11 @@ pub struct RopeParams {
     pub x_offset: u32,
     /// Element index of `v[0, 0, 0]` (`rope_kv_write`).
     pub v_offset: u32,
+    /// Multiplies the rotated pairs ([`RopeConfig::attn_factor`]).
+    pub attn_factor: f32,
+    pub _pad0: u32,
+    pub _pad1: u32,
+    pub _pad2: u32,
 }
 
 impl WgslParams for RopeParams {
@@ -58,6 +63,10 @@ impl WgslParams for RopeParams {
         ("pos0", offset_of!(RopeParams, pos0)),
         ("x_offset", offset_of!(RopeParams, x_offset)),
         ("v_offset", offset_of!(RopeParams, v_offset)),
+        ("attn_factor", offset_of!(RopeParams, attn_factor)),
+        ("_pad0", offset_of!(RopeParams, _pad0)),
+        ("_pad1", offset_of!(RopeParams, _pad1)),
+        ("_pad2", offset_of!(RopeParams, _pad2)),
     ];
 }
 
@@ -177,6 +186,8 @@ fn params(
         pos0,
         x_offset: u32_of("x offset", x_offset)?,
         v_offset: u32_of("v offset", v_offset)?,
+        attn_factor: c.attn_factor,
+        ..Default::default()
     })
 }
 

@@ -553,7 +553,6 @@ async fn load_on(
     for (pi, part) in parts_ref.iter().enumerate() {
         let loader: RefCell<Option<StreamLoader>> = RefCell::new(None);
         let base = total_bytes;
-        let mut checked_arch = pi > 0;
         let report = source::read(
             part,
             cache,
@@ -571,7 +570,18 @@ async fn load_on(
                     }
                 }
                 origin.set(from);
-                *loader.borrow_mut() = Some(StreamLoader::new(ctx, size));
+                let l = StreamLoader::new(ctx, size);
+                // The first part's header names the architecture: refuse an unknown one (or a
+                // vocabulary we cannot build) before any tensor is written.
+                *loader.borrow_mut() = Some(if pi == 0 {
+                    l.with_header_check(|h| {
+                        HParams::from_gguf(h)?;
+                        Tokenizer::from_gguf(h)?;
+                        Ok(())
+                    })
+                } else {
+                    l
+                });
                 Ok(())
             },
             &mut |chunk| {
@@ -583,14 +593,6 @@ async fn load_on(
                     .as_mut()
                     .ok_or_else(|| Error::internal("chunk before size"))?;
                 l.push(chunk)?;
-                if !checked_arch {
-                    if let Some(h) = l.header() {
-                        // Fail before uploading anything when the architecture is unknown.
-                        HParams::from_gguf(h)?;
-                        Tokenizer::from_gguf(h)?;
-                        checked_arch = true;
-                    }
-                }
                 let p = l.progress();
                 progress.emit(false, || {
                     serde_json::json!({

@@ -75,7 +75,10 @@ impl Flags {
 
 fn open_model(path: &str) -> Result<(Arc<GpuContext>, Arc<Model>, Arc<Tokenizer>)> {
     let ctx = GpuContext::new_blocking(&Default::default())?;
-    let weights = cera_web::loader::load_file(&ctx, Path::new(path))?;
+    // An unknown architecture is refused from the header, before any weight is uploaded.
+    let weights = cera_web::loader::load_file_with(&ctx, Path::new(path), |h| {
+        cera_web::model::HParams::from_gguf(h).map(|_| ())
+    })?;
     let tok = Tokenizer::from_gguf(&weights.header)?;
     let model = pollster::block_on(Model::new(&ctx, weights))?;
     Ok((Arc::new(ctx), Arc::new(model), Arc::new(tok)))
