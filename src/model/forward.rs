@@ -475,33 +475,34 @@ impl Model {
         ctx.count_recorded(0, plan.dispatches() as u64);
     }
 
-    /// Whether a decode plan can fold each block's norms into the projections that read them
-    /// (`matmul::prenorm_fits` for every q/k/v and gate/up weight, all layers attention
-    /// layers, every norm one f32 vector).
-    fn can_fold_norms(&self, ctx: &GpuContext) -> bool {
+    /// Whether a decode plan folds each block's norms into the projections that read them:
+    /// `(attention, ffn)`, for the q/k/v and the gate/up projections. Each needs every layer an
+    /// attention layer, every norm one f32 vector of n_embd, and every one of its weights
+    /// [`matmul::prenorm_worth`] (it fits the workgroup memory, and its workgroups repeating
+    /// the norm cost less than a dispatch).
+    fn fold_norms(&self, ctx: &GpuContext) -> (bool, bool) {
         let e = self.hp.n_embd as u64;
-        self.layers.iter().all(|layer| {
+        let vector = |n: &String| {
+            let t = self.w(n);
+            t.ty == crate::gguf::GgmlType::F32 && t.rows * t.cols == e && t.parts.len() == 1
+        };
+        let base = self.layers.iter().all(|layer| {
             layer.conv.is_none()
-                && layer.qkv.iter().chain(&layer.gate_up).all(|p| {
-                    let w = self.w(&p.tensor);
-                    w.cols == e
-                        && matmul::prenorm_fits(
-                            ctx,
-                            matmul::MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols),
-                            w.cols,
-                        )
-                })
                 && [Some(&layer.attn_norm), Some(&layer.ffn_norm)]
                     .into_iter()
                     .chain([layer.post_attn_norm.as_ref(), layer.post_ffw_norm.as_ref()])
                     .flatten()
-                    .all(|n| {
-                        let t = self.w(n);
-                        t.ty == crate::gguf::GgmlType::F32
-                            && t.rows * t.cols == e
-                            && t.parts.len() == 1
-                    })
-        })
+                    .all(vector)
+        });
+        let worth = |projs: &dyn Fn(&Layer) -> &Vec<Proj>| {
+            base && self.layers.iter().all(|layer| {
+                projs(layer).iter().all(|p| {
+                    let w = self.w(&p.tensor);
+                    w.cols == e && matmul::prenorm_worth(ctx, w)
+                })
+            })
+        };
+        (worth(&|l: &Layer| &l.qkv), worth(&|l: &Layer| &l.gate_up))
     }
 
     /// Prepare the forward pass of a batch of `n` tokens once: every dispatch with its bind group,
@@ -556,10 +557,14 @@ impl Model {
         // two buffers (`x`, `x_alt`), since every workgroup of a projection reads the old one
         // while one of them writes the new one. Elsewhere (prefill, conv layers, a device
         // whose workgroup memory cannot hold the row) a norm dispatch writes h first.
-        let fold = n == 1 && self.can_fold_norms(ctx);
+        let (fold_attn, fold_ffn) = if n == 1 {
+            self.fold_norms(ctx)
+        } else {
+            (false, false)
+        };
         let xs = [&ws.x, &ws.x_alt];
         let mut cur = 0usize;
-        if !fold {
+        if !fold_attn {
             // h = norm(x) for the first layer; every later pre-norm is fused with the residual
             // add before it.
             kernels::rmsnorm(
@@ -582,7 +587,7 @@ impl Model {
             let rope_table = &self.rope_tables[ropes.table[l]];
             // q, k, v projections of h (+ bias), side by side         (n, q_dim + 2 kv_dim)
             let qkv_w = (qd + 2 * kvd) as u64;
-            if fold {
+            if fold_attn {
                 // h = norm(x (+ post_norm(f) * residual_scale, f the last layer's FFN output))
                 let post = (l > 0).then(|| {
                     let prev = &self.layers[l - 1];
@@ -660,7 +665,7 @@ impl Model {
             )?;
             kernels::matmul(&mut rec, self.w(&layer.o), &ws.att, &ws.o, n)?;
             let post = layer.post_attn_norm.as_ref().map(|w| self.w(w));
-            if fold {
+            if fold_ffn {
                 // x += post_norm(o) * residual_scale;  h = norm(x), in the gate/up projections
                 let pre = matmul::PreNorm {
                     x: xs[cur],
@@ -714,10 +719,10 @@ impl Model {
             )?;
             // x += post_norm(f) * residual_scale;  h = norm(x) with the next layer's pre-norm
             // (the final norm after the last layer)                               one dispatch
-            // (folded: the next layer's projections do it, and this dispatch only after the
-            // last layer)
+            // (folded: the next layer's q/k/v projections do it, and this dispatch only after
+            // the last layer)
             let last = l + 1 == self.layers.len();
-            if !fold || last {
+            if !fold_attn || last {
                 let post = layer.post_ffw_norm.as_ref().map(|w| self.w(w));
                 let next_norm = match self.layers.get(l + 1) {
                     Some(next) => self.w(&next.attn_norm),
