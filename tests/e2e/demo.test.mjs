@@ -43,7 +43,8 @@ async function newPage(path) {
   const page = await browser.newPage();
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
-  page.on('console', (m) => m.type() === 'error' && errors.push(m.text()));
+  // With the URL: "Failed to load resource" alone does not say which.
+  page.on('console', (m) => m.type() === 'error' && errors.push(`${m.text()} (${m.location().url})`));
   await page.goto(`${server.url}${path}`);
   return { page, errors };
 }
