@@ -318,10 +318,14 @@ gpu_test!(sampler_distribution_matches_llama_cpp, async {
             );
         }
     }
+    let what = if cfg!(target_arch = "wasm32") {
+        "GPU candidates vs the CPU chain at 200 uniforms each (the draws run natively)".to_string()
+    } else {
+        format!("{} draws per side", fixture.draws)
+    };
     tlog!(
-        "{} configurations x {} draws per side in {:.1} s",
+        "{} configurations, {what}, in {:.1} s",
         fixture.configs.len(),
-        fixture.draws,
         now_s() - t_all
     );
 });
