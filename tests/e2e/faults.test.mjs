@@ -215,7 +215,7 @@ test('churn: 100 load/generate/dispose cycles, 20 aborted loads, 20 aborted gene
   await page.close();
 });
 
-test('device loss: destroying the GPU device mid-generation surfaces DEVICE_LOST; Engine.load again generates, nothing leaked', { timeout: 300_000 }, async () => {
+test('device loss: destroying the GPU device mid-generation or mid-load surfaces DEVICE_LOST; Engine.load again generates, nothing leaked', { timeout: 300_000 }, async () => {
   const { page } = await newPage();
   const t0 = Date.now();
   const r = await page.evaluate(async () => {
@@ -248,18 +248,44 @@ test('device loss: destroying the GPU device mid-generation surfaces DEVICE_LOST
       } catch {}
       out.rounds.push({ after, code, ids, again, live: window.counter.live });
     }
+    // Lost while the model streams in (a stream that destroys the newest device half-way).
+    out.loads = [];
+    for (const frac of [0.25, 0.75]) {
+      let sent = 0;
+      const cut = Math.floor(window.tinyModel.length * frac);
+      const src = new ReadableStream({
+        pull(c) {
+          if (sent >= window.tinyModel.length) return c.close();
+          if (sent >= cut && sent < cut + 16384) window.devices.at(-1).destroy();
+          c.enqueue(window.tinyModel.slice(sent, sent + 16384));
+          sent += 16384;
+        },
+      });
+      let code = null;
+      try {
+        (await Engine.load(src, { expectedSize: window.tinyModel.length, contextSize: 64 })).dispose();
+      } catch (err) {
+        code = err.code;
+      }
+      out.loads.push({ frac, code, live: window.counter.live });
+    }
     const e = await Engine.load(window.tinyModel, { contextSize: 64 });
     out.fresh = await window.greedy(e, 24);
     e.dispose();
     out.liveEnd = window.counter.live;
     return out;
   });
-  log(`device loss: ${r.rounds.length} devices destroyed mid-generation -> ${r.rounds.map((x) => `${x.code} after ${x.ids.length} tokens`).join(', ')}; reload ok; ${((Date.now() - t0) / 1000).toFixed(1)} s`);
+  log(`device loss: ${r.rounds.length} devices destroyed mid-generation -> ${r.rounds.map((x) => `${x.code} after ${x.ids.length} tokens`).join(', ')};`,
+    `${r.loads.length} mid-load -> ${r.loads.map((x) => `${x.code} at ${x.frac}`).join(', ')}; reload ok; ${((Date.now() - t0) / 1000).toFixed(1)} s`);
   for (const x of r.rounds) {
     assert.equal(x.code, 'DEVICE_LOST', JSON.stringify(x));
     assert.equal(x.again, 'DEVICE_LOST', JSON.stringify(x));
     assert.ok(x.ids.length >= x.after && x.ids.length < 24, JSON.stringify(x));
     assert.deepEqual(x.ids, r.want.slice(0, x.ids.length), 'a wrong token around the loss');
+    assert.equal(x.live, 0);
+  }
+  for (const x of r.loads) {
+    assert.equal(x.code, 'DEVICE_LOST', `lost at ${x.frac} of the load: ${JSON.stringify(x)}`);
     assert.equal(x.live, 0);
   }
   assert.deepEqual(r.fresh, r.want);
