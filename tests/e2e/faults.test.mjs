@@ -189,14 +189,18 @@ test('churn: 100 load/generate/dispose cycles, 20 aborted loads, 20 aborted gene
   });
   const secs = (Date.now() - t0) / 1000;
   const mib = (b) => (b / 1048576).toFixed(1);
-  log(`churn: ${r.cycles} cycles, ${r.loaded[0]} buffers while loaded, ${Math.max(...r.after)} after each dispose; wasm heap ${mib(r.heap[0])} MiB at cycle 1, ${mib(r.heap[39])} at 40, ${mib(r.heap[99])} at 100;`,
+  log(`churn: ${r.cycles} cycles, ${r.loaded[0]} buffers while loaded, ${Math.max(...r.after)} after each dispose; wasm heap ${mib(r.heap[0])} MiB at cycle 1, ${mib(r.heap[99])} at 100;`,
     `20 load aborts (live at abort ${r.loadAborts.map((a) => a.liveAtAbort).join(',')}), 20 generation aborts; ${secs.toFixed(1)} s`);
   assert.equal(r.cycles, 100);
   assert.ok(r.loaded.every((n) => n > 10 && n === r.loaded[0]), `buffers while loaded: ${r.loaded}`);
   assert.ok(r.after.every((n) => n === 0), `buffers after dispose: ${r.after}`);
-  // The heap steps up once early (measured: 38 -> 45 pages of 64 KiB at cycle 12, the allocator
-  // settling), then stays flat: a leak of a few KiB per cycle would add pages by cycle 100.
-  assert.equal(r.heap[99], r.heap[39], `the wasm heap grew between cycle 40 and 100: ${r.heap.map((b) => b >> 16)}`);
+  // The heap steps up once, at a cycle that varies from run to run (measured: 38 -> 45 pages of
+  // 64 KiB, at cycle 12 in one run and 49 in another: wasm-bindgen objects freed only when the
+  // page's garbage collector runs), then stays flat. A leak grows with the cycles instead: 10 KiB
+  // per cycle would add 16 pages by cycle 100, over this bound, and make more than two steps.
+  const pages = r.heap.map((b) => b >> 16);
+  const steps = pages.filter((p, i) => i > 0 && p > pages[i - 1]).length;
+  assert.ok(pages[99] - pages[0] < 16 && steps <= 2, `the wasm heap grew over 100 cycles (pages of 64 KiB): ${pages}`);
   assert.ok(r.heap[99] <= 64 << 20, `wasm heap ${r.heap[99]}`);
   for (const a of r.loadAborts) {
     assert.equal(a.code, 'ABORTED', JSON.stringify(a));
