@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Regenerate every llama.cpp oracle fixture: the tiny synthetic models, their teacher-forced
-logits, and the real Gemma 3 270M references. About a minute on 2 cores.
+logits, the sampler chain's draw counts, and the real Gemma 3 270M references. About a minute on 2 cores.
 
 Usage (from anywhere): scripts/oracle/logits_all.py     (builds .oracle-venv first if missing)
 Environment: ORACLE_THREADS (default 2).
@@ -22,7 +22,7 @@ def main() -> None:
                                              capture_output=True).returncode != 0:
             subprocess.run([str(HERE / "setup-venv")], check=True)
         os.execv(str(PY), [str(PY), __file__, *sys.argv[1:]])
-    steps = ["models_synthetic.py", "logits_synthetic.py"]
+    steps = ["models_synthetic.py", "logits_synthetic.py", "sampler_dist.py"]
     if (ROOT / "models" / "gemma-3-270m-q4_k_m.gguf").exists():
         steps.append("logits_gemma3.py")
     else:

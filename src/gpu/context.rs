@@ -326,15 +326,54 @@ impl GpuContext {
 
     /// A storage buffer holding `data` (usable as copy source and destination).
     pub fn storage_buffer(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
-        use wgpu::util::DeviceExt;
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        self.buffer_with(
+            label,
+            data,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+        )
+    }
+
+    /// A buffer created holding `contents` (its size rounded up to 4 bytes, the tail zeroed).
+    ///
+    /// In the browser: mapped at creation, written, unmapped (no staging copy); a lost device
+    /// still hands out a mapped range there. Natively wgpu panics when it cannot map a buffer
+    /// made at creation, which it cannot on a lost device ("buffer is invalid"), so the contents go
+    /// through the queue instead: on a lost device that is a reported error, which the next
+    /// readback turns into `DEVICE_LOST`.
+    fn buffer_with(&self, label: &str, contents: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        #[cfg(target_arch = "wasm32")]
+        {
+            use wgpu::util::DeviceExt;
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(label),
+                    contents,
+                    usage,
+                })
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let size = (contents.len() as u64).div_ceil(4) * 4;
+            let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
-                contents: data,
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_SRC
-                    | wgpu::BufferUsages::COPY_DST,
-            })
+                size: size.max(4),
+                usage: usage | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            // write_buffer takes whole 4-byte words: the last partial word goes padded.
+            let whole = contents.len() / 4 * 4;
+            if whole > 0 {
+                self.queue.write_buffer(&buffer, 0, &contents[..whole]);
+            }
+            if whole < contents.len() {
+                let mut tail = [0u8; 4];
+                tail[..contents.len() - whole].copy_from_slice(&contents[whole..]);
+                self.queue.write_buffer(&buffer, whole as u64, &tail);
+            }
+            buffer
+        }
     }
 
     /// A zeroed storage buffer of `size` bytes, checked against the granted limits.
@@ -365,13 +404,11 @@ impl GpuContext {
 
     /// A uniform buffer of its own, for params kept across submissions (never a frame slot).
     pub fn uniform_buffer_owned<T: bytemuck::Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
-        use wgpu::util::DeviceExt;
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytemuck::bytes_of(value),
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            })
+        self.buffer_with(
+            label,
+            bytemuck::bytes_of(value),
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )
     }
 
     /// Submit command buffers (counted: `cera bench` reports submissions per token).

@@ -690,6 +690,14 @@ async fn load_on(
         shift_recompute: opts.exact_context_shift.unwrap_or(defaults.shift_recompute),
     };
     let session = Session::new(ctx.clone(), model.clone(), tok.clone(), sopts.clone())?;
+    // One round trip to the GPU before the engine is handed out. No step of the load reads
+    // anything back, and in the browser a device lost meanwhile is reported only
+    // asynchronously (its `lost` promise); a readback on it fails, so a load that met a device
+    // loss ends in DEVICE_LOST here instead of an engine whose first generation fails.
+    let probe = ctx.storage_buffer("load: device check", &[0u8; 4]);
+    let probed = crate::gpu::read_buffer(ctx, &probe, 0, 4).await;
+    probe.destroy();
+    probed?;
     ctx.check_errors()?;
 
     let info = EngineInfo {

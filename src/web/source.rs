@@ -181,6 +181,57 @@ pub(crate) async fn fetch(
     Ok(resp)
 }
 
+fn header(resp: &web_sys::Response, name: &str) -> Option<String> {
+    resp.headers().get(name).ok().flatten()
+}
+
+/// A resumed (206) response must continue the same file from byte `reached`: its Content-Range
+/// (`bytes START-END/TOTAL`) starts there and names the first response's size, and its ETag is
+/// the first one's. Either header may be missing (or hidden by CORS): then that check is skipped.
+/// A mismatch means the file changed on the server between the two requests; splicing the two
+/// would load a model made of two files, so the load fails.
+fn check_resumed(
+    url: &str,
+    resp: &web_sys::Response,
+    reached: u64,
+    total: Option<u64>,
+    etag: Option<&str>,
+) -> Result<()> {
+    if let (Some(before), Some(now)) = (etag, header(resp, "etag")) {
+        if before != now {
+            return Err(net(format!(
+                "{url} changed on the server during the download (ETag {before} before byte {reached}, {now} after); load it again"
+            )));
+        }
+    }
+    if let Some(range) = header(resp, "content-range") {
+        // "bytes 1000-2047/2048"; a total of "*" is unknown.
+        let parsed = range
+            .strip_prefix("bytes ")
+            .and_then(|r| r.split_once('/'))
+            .and_then(|(span, size)| {
+                let start = span.split_once('-')?.0.trim().parse::<u64>().ok()?;
+                Some((start, size.trim().parse::<u64>().ok()))
+            });
+        let ok = match parsed {
+            Some((start, size)) => {
+                start == reached
+                    && match (size, total) {
+                        (Some(a), Some(b)) => a == b,
+                        _ => true,
+                    }
+            }
+            None => false,
+        };
+        if !ok {
+            return Err(net(format!(
+                "{url} changed on the server during the download: resuming at byte {reached} of {total:?}, the server answered Content-Range {range:?}; load it again"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn content_length(resp: &web_sys::Response) -> Option<u64> {
     resp.headers()
         .get("content-length")
@@ -314,6 +365,9 @@ async fn read_url(
 
     let mut reached = 0u64;
     let mut total: Option<u64> = None;
+    // The first response's ETag: a resumed response must carry the same one (when the server
+    // sends and, cross-origin, exposes it), or the bytes after the break come from another file.
+    let mut etag: Option<String> = None;
     let mut resumes = 0u32;
     let mut put: Option<Promise> = None;
     loop {
@@ -329,12 +383,15 @@ async fn read_url(
         };
         if reached == 0 {
             total = content_length(&resp);
+            etag = header(&resp, "etag");
             on_size(total, Origin::Network)?;
         } else if resp.status() != 206 {
             return Err(net(format!(
                 "the download of {url} broke off at byte {reached} and the server does not support Range requests to resume it (HTTP {})",
                 resp.status()
             )));
+        } else {
+            check_resumed(url, &resp, reached, total, etag.as_deref())?;
         }
         let body = resp
             .body()
@@ -405,6 +462,21 @@ async fn read_url(
             .unwrap_or(false),
         None => false,
     };
+    if cache.is_some() && !cached {
+        // The load itself succeeded; say why the next one downloads again. The Cache API writes
+        // an entry only once its body is complete, so a failed put leaves no partial entry.
+        web_sys::console::warn_1(
+            &format!(
+                "cera-web: {url} loaded from the network but was not stored in the cache ({}); the next load downloads it again",
+                if resumes > 0 {
+                    "the download was resumed"
+                } else {
+                    "the cache refused it: storage quota?"
+                }
+            )
+            .into(),
+        );
+    }
     Ok(ReadReport {
         origin: Origin::Network,
         resumes,

@@ -43,7 +43,8 @@ async function newPage(path) {
   const page = await browser.newPage();
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
-  page.on('console', (m) => m.type() === 'error' && errors.push(m.text()));
+  // With the URL: "Failed to load resource" alone does not say which.
+  page.on('console', (m) => m.type() === 'error' && errors.push(`${m.text()} (${m.location().url})`));
   await page.goto(`${server.url}${path}`);
   return { page, errors };
 }
@@ -81,6 +82,8 @@ test('demo: loads the real model in the worker, progress reaches 100%, greedy ma
     `text ${JSON.stringify(r.text)}`);
   assert.deepEqual(r.ids.slice(0, EXPECTED.length), EXPECTED);
   assert.deepEqual(r.stats.promptTokens, oracle.prompt_tokens.length);
+  // The model streams to the GPU chunk by chunk: the wasm heap never holds the 253 MB file.
+  assert.ok(progress.info.load.peakWasmHeapBytes <= 64 << 20, `peak wasm heap ${progress.info.load.peakWasmHeapBytes}`);
   workerIds = r.ids;
   await page.close();
 });
@@ -209,7 +212,13 @@ test('js API on the main thread: same greedy ids as the worker, CONTEXT_FULL, di
     const ctl = new AbortController();
     const t0 = performance.now();
     try {
-      await m.Engine.load(model, { signal: ctl.signal, onProgress: (p) => p.loadedBytes > 60e6 && ctl.abort() });
+      const onProgress = (p) => {
+        if (p.loadedBytes > 60e6 && !ctl.signal.aborted) {
+          out.liveAtAbort = counter.live;
+          ctl.abort();
+        }
+      };
+      await m.Engine.load(model, { signal: ctl.signal, onProgress });
     } catch (e) {
       out.aborted = e.code;
     }
@@ -217,7 +226,7 @@ test('js API on the main thread: same greedy ids as the worker, CONTEXT_FULL, di
     out.liveAborted = counter.live;
     return out;
   }, { model: MODEL, prompt: oracle.prompt });
-  log(`main thread: ${r.liveLoaded} buffers while loaded; abort after ${r.abortMs.toFixed(0)} ms`);
+  log(`main thread: ${r.liveLoaded} buffers while loaded; abort after ${r.abortMs.toFixed(0)} ms with ${r.liveAtAbort} buffers live`);
   assert.deepEqual(r.tokenize, oracle.prompt_tokens);
   assert.equal(r.detok, oracle.prompt);
   assert.ok(workerIds, 'the worker test ran first');
@@ -227,6 +236,8 @@ test('js API on the main thread: same greedy ids as the worker, CONTEXT_FULL, di
   assert.equal(r.afterDispose, 'INVALID_ARGUMENT');
   assert.equal(r.full, 'CONTEXT_FULL');
   assert.equal(r.aborted, 'ABORTED');
+  // Buffers were live when the abort came (60 MB in), and none after it.
+  assert.ok(r.liveAtAbort > 0, `live at abort: ${r.liveAtAbort}`);
   assert.equal(r.liveAborted, 0);
   await page.close();
 });
