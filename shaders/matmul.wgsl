@@ -87,8 +87,26 @@ struct MatmulParams {
 var<workgroup> xw4: array<vec4<f32>, XW4>; // X of this token, computed by the prologue
 var<workgroup> pre_red: array<f32, WG_SIZE>;
 
-// Sum of v over the workgroup (every invocation gets it).
+#ifdef SUBGROUP
+var<private> pre_sg: vec3<u32>; // (subgroup_invocation_id, subgroup_id, subgroup_size)
+#endif
+
+// Sum of v over the workgroup (every invocation gets it). With subgroups: one subgroupAdd, then
+// the subgroups' sums through workgroup memory (two barriers instead of log2 WG_SIZE + 1).
 fn pre_sum(v: f32, lid: u32) -> f32 {
+#ifdef SUBGROUP
+    let sv = subgroupAdd(v);
+    if pre_sg.x == 0u {
+        pre_red[pre_sg.y] = sv;
+    }
+    workgroupBarrier();
+    var sum = 0.0;
+    for (var i = 0u; i < WG_SIZE / pre_sg.z; i++) {
+        sum += pre_red[i];
+    }
+    workgroupBarrier(); // every invocation has read pre_red before it is reused
+    return sum;
+#else
     pre_red[lid] = v;
     workgroupBarrier();
     for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
@@ -100,6 +118,7 @@ fn pre_sum(v: f32, lid: u32) -> f32 {
     let total = pre_red[0];
     workgroupBarrier(); // every invocation has read pre_red[0] before it is reused
     return total;
+#endif
 }
 
 fn ld4(i4: u32) -> vec4<f32> {
@@ -274,6 +293,9 @@ fn matmul(
 ) {
     let g = get_wid(wid, nwg);
 #ifdef X_PRENORM
+#ifdef SUBGROUP
+    pre_sg = vec3<u32>(sg_lane, sg_id, sg_size);
+#endif
     prenorm(lid, g);
 #endif
     let t0 = (g / p.row_groups) * NT;
