@@ -3,8 +3,10 @@
 //! the same number of bytes reach on the same GPU (`shaders/bench_copy.wgsl`).
 //!
 //! A decode step is a chain of GEMVs, each depending on the last, so the bench records `iters`
-//! GEMVs of one weight back to back in one submission (wgpu orders them: each writes `y`), and
-//! times submit to the end of one 4-byte readback. Encoding happens before the clock starts.
+//! GEMVs of one weight back to back in one compute pass, as a forward pass records its
+//! dispatches (wgpu orders them with a barrier: each writes `y`), prepared once. The pass's
+//! timestamps time it where the adapter has them (GPU time, no submit or readback in it), else
+//! the wall clock from submit to the end of a 4-byte readback.
 //! Iterations adapt: a short run estimates the time of one GEMV, then one run sized to
 //! `target_secs`. Small shapes fit in the GPU's L2 cache, and so does their copy: the ratio
 //! compares like with like, the absolute GB/s of small shapes is not DRAM bandwidth.
@@ -186,27 +188,68 @@ fn now_ms() -> f64 {
     }
 }
 
-/// Time `iters` repetitions recorded by `record` in one submission, to the end of a readback of
-/// 4 bytes of `sync` (which the work writes). Returns seconds for all of them.
+/// Time `iters` repetitions of the dispatches `record` records, in one compute pass (as a
+/// forward pass records its dispatches: each repetition waits on the barrier before it), in one
+/// submission. Where the adapter has timestamp queries the pass's own begin and end timestamps
+/// time it (GPU time); elsewhere the wall clock from submit to the end of a 4-byte readback of
+/// `sync` (which the work writes). Returns seconds for all of them.
 async fn time_batch(
     ctx: &GpuContext,
     sync: &wgpu::Buffer,
     iters: u32,
-    record: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>,
+    record: &dyn Fn(&mut wgpu::ComputePass<'_>),
 ) -> Result<f64> {
+    let gpu_clock = ctx.features.contains(wgpu::Features::TIMESTAMP_QUERY);
+    let set = gpu_clock.then(|| {
+        ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("bench"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        })
+    });
     let mut enc = ctx
         .device
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("bench"),
         });
-    for _ in 0..iters {
-        record(&mut enc)?;
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("bench"),
+            timestamp_writes: set.as_ref().map(|set| wgpu::ComputePassTimestampWrites {
+                query_set: set,
+                beginning_of_pass_write_index: Some(0),
+                end_of_pass_write_index: Some(1),
+            }),
+        });
+        for _ in 0..iters {
+            record(&mut pass);
+        }
     }
+    let resolve = set.as_ref().map(|set| {
+        let buf = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("bench resolve"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        enc.resolve_query_set(set, 0..2, &buf, 0);
+        buf
+    });
     let cmd = enc.finish();
     let t0 = now_ms();
     ctx.submit([cmd]);
     read_buffer(ctx, sync, 0, 4).await?;
-    Ok((now_ms() - t0) / 1e3)
+    let wall = (now_ms() - t0) / 1e3;
+    match resolve {
+        Some(buf) => {
+            let raw = read_buffer(ctx, &buf, 0, 16).await?;
+            let t =
+                |i: usize| u64::from_le_bytes(raw[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+            let ticks = t(1).saturating_sub(t(0));
+            Ok(ticks as f64 * ctx.queue.get_timestamp_period() as f64 / 1e9)
+        }
+        None => Ok(wall),
+    }
 }
 
 /// Adaptive timing: a warm-up, a short run to estimate one repetition, then one run sized to
@@ -216,7 +259,7 @@ async fn time_adaptive(
     sync: &wgpu::Buffer,
     target_secs: f64,
     max_iters: u32,
-    record: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>,
+    record: &dyn Fn(&mut wgpu::ComputePass<'_>),
 ) -> Result<(u32, f64)> {
     time_batch(ctx, sync, 1, record).await?;
     let probe = 4.min(max_iters.max(1));
@@ -295,15 +338,10 @@ pub async fn bench_copy(
             (threads as u64).div_ceil(wg as u64),
             ctx.limits.max_compute_workgroups_per_dimension,
         )?;
-        let record = |enc: &mut wgpu::CommandEncoder| -> Result<()> {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(entry),
-                timestamp_writes: None,
-            });
+        let record = |pass: &mut wgpu::ComputePass<'_>| {
             pass.set_pipeline(&pipe.pipeline);
             pass.set_bind_group(0, &bind, &[]);
             pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-            Ok(())
         };
         let (iters, secs) = time_adaptive(ctx, &dst, target_secs, max_iters, &record).await?;
         let moved = if entry == "copy" { 2 * bytes } else { bytes };
@@ -431,8 +469,11 @@ async fn bench_one(
         .collect();
     let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&xs));
     let y = ctx.empty_storage("bench y", shape.rows * 4)?;
-    let record =
-        |enc: &mut wgpu::CommandEncoder| matmul::matmul(ctx, enc, cfg, &w, &x, 0, &y, 0, 1);
+    // Prepared once (pipeline, bind group, uniform), recorded `iters` times into one pass.
+    let mut rec = crate::gpu::Recorder::new(ctx);
+    matmul::prepare(&mut rec, cfg, &w, &x, 0, &y, 0, 1)?;
+    let prepared = rec.finish();
+    let record = |pass: &mut wgpu::ComputePass<'_>| prepared.record(pass);
     let (iters, secs) = time_adaptive(ctx, &y, opts.target_secs, opts.max_iters, &record).await?;
     let bytes = w.gpu_bytes();
     Ok(BenchRow {
