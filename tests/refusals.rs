@@ -289,7 +289,8 @@ async fn template_refusals() {
         (
             "a string of 2^40 bytes from one repeat",
             "{{ 'x' * 1099511627776 }}",
-            "budget of",
+            // On wasm32 the count passes usize, and minijinja refuses it itself.
+            "budget of|repeated string is too large",
         ),
     ] {
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
@@ -298,7 +299,10 @@ async fn template_refusals() {
         let secs = now_s() - t0;
         tlog!("{what}: {:?} after {:.3} s: {}", e.code, secs, e.message);
         assert_eq!(e.code, ErrorCode::InvalidArgument, "{what}: {e}");
-        assert!(e.message.contains(bound), "{what}: {e}");
+        assert!(
+            bound.split('|').any(|b| e.message.contains(b)),
+            "{what}: {e}"
+        );
         assert!(secs < 1.0, "{what}: took {secs:.2} s");
     }
 
