@@ -1,18 +1,23 @@
 // npm run bench:browser -- [--prompt-tokens 32] [--gen-tokens 8] [--model URL] [--worker]
 // Prefill and decode timing of the real model inside headless Chromium (WebGPU; SwiftShader on a
 // machine without a GPU). Prints one JSON object: the "cera bench in headless Chrome" figure.
+// Sets up and builds what it needs first (scripts/prepare.mjs).
 import { parseArgs } from 'node:util';
 import { launchChromium, startServer } from './browser.mjs';
+import { prepare } from './prepare.mjs';
+
+const DEFAULT_MODEL = '/models/gemma-3-270m-q4_k_m.gguf';
 
 const { values: a } = parseArgs({
   options: {
-    model: { type: 'string', default: '/models/gemma-3-270m-q4_k_m.gguf' },
+    model: { type: 'string', default: DEFAULT_MODEL },
     'prompt-tokens': { type: 'string', default: '32' },
     'gen-tokens': { type: 'string', default: '8' },
     worker: { type: 'boolean', default: false },
     port: { type: 'string', default: process.env.CERA_PORT || '18796' },
   },
 });
+prepare({ model: a.model === DEFAULT_MODEL });
 const server = await startServer(Number(a.port));
 const browser = await launchChromium();
 let code = 0;

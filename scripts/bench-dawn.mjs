@@ -152,6 +152,10 @@ async function main() {
   } catch {
     fail(2, `no model file at ${args.model}`);
   }
+  // Set-up and the package build, as `npm start` does (after the arguments are checked, so a
+  // typo is reported at once).
+  const { prepare } = await import('./prepare.mjs');
+  prepare({ model: false });
 
   let gpu;
   try {

@@ -1,14 +1,18 @@
 // npm run generate -- --prompt "..." [--model URL-or-path] [--max-tokens N] [--temperature T]
 //   [--top-k K] [--top-p P] [--context N] [--seed S] [--chat] [--worker] [--port P]
 // Runs the engine inside headless Chromium (real WebGPU) against the local server and streams
-// the tokens to the terminal; the stats go to stderr at the end.
+// the tokens to the terminal; the stats go to stderr at the end. It first sets up and builds
+// what it needs (scripts/prepare.mjs), and its server and browser end with it on any exit.
 import { parseArgs } from 'node:util';
 import { launchChromium, startServer } from './browser.mjs';
+import { prepare } from './prepare.mjs';
+
+const DEFAULT_MODEL = '/models/gemma-3-270m-q4_k_m.gguf';
 
 const { values: a } = parseArgs({
   options: {
     prompt: { type: 'string', short: 'p' },
-    model: { type: 'string', default: '/models/gemma-3-270m-q4_k_m.gguf' },
+    model: { type: 'string', default: DEFAULT_MODEL },
     'max-tokens': { type: 'string', short: 'n', default: '32' },
     temperature: { type: 'string', default: '0' },
     'top-k': { type: 'string' },
@@ -24,6 +28,7 @@ if (a.prompt === undefined) {
   console.error('usage: npm run generate -- --prompt "The capital of France is" [--max-tokens 32] [--chat] [--worker]');
   process.exit(2);
 }
+prepare({ model: a.model === DEFAULT_MODEL });
 const num = (v) => (v === undefined ? undefined : Number(v));
 const server = await startServer(Number(a.port));
 const browser = await launchChromium();
@@ -37,11 +42,11 @@ try {
   const t0 = Date.now();
   const out = await page.evaluate(
     async ({ model, prompt, chat, worker, opts, contextSize }) => {
-      const m = await import('/js/index.js');
       const t0 = performance.now();
       const onProgress = (p) =>
         window.__progress(`[load] ${p.phase} ${(p.loadedBytes / 1e6).toFixed(0)}/${((p.totalBytes ?? 0) / 1e6).toFixed(0)} MB   `);
       try {
+        const m = await import('/js/index.js');
         const load = worker ? m.createWorkerEngine : (s, o) => m.Engine.load(s, o);
         const engine = await load(model, { contextSize, onProgress });
         const loadMs = performance.now() - t0;
@@ -53,7 +58,7 @@ try {
         const info = await engine.info();
         return { ok: true, loadMs, stats, adapter: info.adapter, peakWasmHeapBytes: info.load.peakWasmHeapBytes };
       } catch (e) {
-        return { ok: false, code: e.code, message: e.message };
+        return { ok: false, code: e.code ?? e.name, message: e.message };
       }
     },
     {

@@ -1,7 +1,9 @@
 // A small static server for the demo: `/` is www/, `/pkg/` the built package, `/models/` the
 // fetched models. Right MIME types (application/wasm), HTTP Range requests (resumable model
 // downloads), no caching headers games. Usage: node scripts/serve.mjs [--port 8080] [--www DIR]
-// (--www: serve DIR at `/` instead of www/, e.g. a bundler app's dist/).
+// [--exit-with-stdin]
+// (--www: serve DIR at `/` instead of www/, e.g. a bundler app's dist/; --exit-with-stdin: end when
+// the process that started it does).
 import { createServer } from 'node:http';
 import { createReadStream, statSync } from 'node:fs';
 import { extname, join, normalize, resolve } from 'node:path';
@@ -147,6 +149,17 @@ const server = createServer((req, res) => {
   stream.pipe(res);
 });
 
+// Started by another process (scripts/browser.mjs): end with it. Its end closes our stdin, even
+// when it is killed outright, so a crashed run never leaves this server behind.
+if (args.includes('--exit-with-stdin')) {
+  process.stdin.on('end', () => process.exit(0));
+  process.stdin.on('error', () => process.exit(0));
+  process.stdin.resume();
+}
+server.on('error', (e) => {
+  console.error(`cannot serve on 127.0.0.1:${port}: ${e.code === 'EADDRINUSE' ? 'the port is in use' : e.message}`);
+  process.exit(1);
+});
 server.listen(port, '127.0.0.1', () => {
   console.log(`cera-web demo: http://localhost:${port}/`);
 });

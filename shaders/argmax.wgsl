@@ -1,4 +1,4 @@
-// Argmax over logits: the greedy sampler, reading back 4 bytes per token (docs/design.md, decision 7).
+// Argmax over logits: the greedy sampler, reading back 4 bytes per token (docs/architecture.md, decision 7).
 //
 // One stage reduces CHUNK = WG_SIZE * ITEMS inputs per workgroup to one (value, index) pair. The
 // first stage (FROM_LOGITS) reads f32 logits; later stages read the previous stage's pairs, until

@@ -11,6 +11,9 @@
 //
 // Defines (chosen in src/ops/attention.rs, which reads them back for the dispatch):
 //   WG_SIZE: invocations per workgroup.
+//   HD2_MAX: vec2 slots of the query / accumulator arrays (MAX_HEAD_DIM / 2 there).
+//   SCHUNK: cells per chunk of the simple variant's private score array (SCHUNK there, which
+//     also counts its loop iterations for LOOP_NOTE).
 //   COOP: one workgroup per (t, h) pair. Per chunk of WG_SIZE cells: thread i scores cell i
 //     (writes it to workgroup memory), barrier, every thread takes the chunk max (broadcast
 //     reads) and its own cell's weight, barrier, then the threads split V: thread (g, j) sums
@@ -55,7 +58,6 @@ struct AttentionParams {
 @group(0) @binding(4) var<storage, read_write> out: array<vec2<f32>>; // (n_tokens, n_head, head_dim / 2) from out_offset
 @group(0) @binding(5) var<storage, read> step: StepState;             // this step's positions
 
-const HD2_MAX: u32 = 128u; // head_dim <= 256
 // A "minus infinity" that stays finite: exp(NEG_BIG - s) is exactly 0 for any real score, and no
 // inf - inf NaN can arise.
 const NEG_BIG: f32 = -1e30;
@@ -67,7 +69,6 @@ var<workgroup> pw: array<f32, WG_SIZE>;         // exp(score - chunk max) of the
 var<workgroup> part: array<vec2<f32>, WG_SIZE>; // (G, head_dim / 2) partial V sums at the end
 var<workgroup> lpart: array<f32, WG_SIZE>;      // (G, head_dim / 2) partial softmax sums
 #else
-const SCHUNK: u32 = 64u;
 var<private> qv: array<vec2<f32>, HD2_MAX>;
 var<private> acc: array<vec2<f32>, HD2_MAX>;
 var<private> sc: array<f32, SCHUNK>;

@@ -1,4 +1,4 @@
-// Top-K candidates over logits: the GPU half of sampling (docs/design.md, decision 7). The CPU samples
+// Top-K candidates over logits: the GPU half of sampling (docs/architecture.md, decision 7). The CPU samples
 // among the K pairs this leaves, reading back K * 8 + 8 bytes per token instead of the logits.
 //
 // One stage reduces CHUNK = WG_SIZE * ITEMS inputs per workgroup to its K (= TOPK) best (value, id) pairs,

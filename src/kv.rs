@@ -9,7 +9,7 @@
 //! Short-convolution layers (LFM2) keep no K/V: they keep `B * x` of every position, `(n_ctx,
 //! n_embd)` f32 ([`KvCache::with_conv_rows`]), which a shift moves like V cells. The conv state
 //! after any prefix is then its last `l_cache - 1` rows: rewinds and chat-turn reuse stay exact,
-//! and a shift keeps the state of the tokens it keeps (docs/design.md, decision 13).
+//! and a shift keeps the state of the tokens it keeps (docs/architecture.md, decision 13).
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::gpu::GpuContext;

@@ -90,7 +90,7 @@ async fn cycle(ctx: &Arc<GpuContext>, bytes: &[u8], n: u32) -> (Vec<u32>, Option
     let mut ids = Vec::new();
     session
         .generate(&[1, 5, 9, 77], &greedy(n), &mut |id, _| {
-            ids.push(id);
+            ids.extend(id);
             true
         })
         .await
@@ -188,7 +188,7 @@ async fn churn() {
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts.clone()).unwrap();
     let stats = session
         .generate(&prompt, &greedy(40), &mut |id, _| {
-            want.push(id);
+            want.extend(id);
             true
         })
         .await
@@ -204,7 +204,7 @@ async fn churn() {
         let mut ids = Vec::new();
         let stats = session
             .generate(&prompt, &greedy(40), &mut |id, _| {
-                ids.push(id);
+                ids.extend(id);
                 ids.len() < stop_after
             })
             .await
@@ -223,7 +223,7 @@ async fn churn() {
         let last = *ids.last().unwrap();
         session
             .generate(&[last], &greedy(40 - stop_after as u32), &mut |id, _| {
-                ids.push(id);
+                ids.extend(id);
                 true
             })
             .await

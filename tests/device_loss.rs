@@ -69,7 +69,7 @@ async fn generate(
     let mut ids = Vec::new();
     let r = s
         .generate(&PROMPT, &greedy(n), &mut |id, _| {
-            ids.push(id);
+            ids.extend(id);
             if Some(ids.len()) == lose_after {
                 ctx.device.destroy();
             }

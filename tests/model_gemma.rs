@@ -461,7 +461,7 @@ async fn shift() {
     let mut got = Vec::new();
     let stats = session
         .generate(&tokens[tokens.len() - 1..], &gen, &mut |id, _| {
-            got.push(id);
+            got.extend(id);
             true
         })
         .await
@@ -515,7 +515,7 @@ async fn chained_matches_step_by_step() {
     let mut got = Vec::new();
     chained
         .generate(&prompt, &opts(8), &mut |id, _| {
-            got.push(id);
+            got.extend(id);
             got.len() < 3
         })
         .await
@@ -528,7 +528,7 @@ async fn chained_matches_step_by_step() {
     );
     chained
         .generate(&[], &opts(4), &mut |id, _| {
-            got.push(id);
+            got.extend(id);
             true
         })
         .await
@@ -548,14 +548,14 @@ async fn chained_matches_step_by_step() {
     let mut want = Vec::new();
     plain
         .generate(&prompt, &opts(8), &mut |id, _| {
-            want.push(id);
+            want.extend(id);
             want.len() < 3
         })
         .await
         .unwrap();
     plain
         .generate(&[], &opts(4), &mut |id, _| {
-            want.push(id);
+            want.extend(id);
             true
         })
         .await

@@ -84,7 +84,7 @@ async fn reply(session: &mut Session, prompt: &[u32], n: u32) -> Vec<u32> {
     let mut out = Vec::new();
     session
         .generate(prompt, &opts, &mut |id, _| {
-            out.push(id);
+            out.extend(id);
             true
         })
         .await

@@ -3,11 +3,16 @@
 //! chunk), a prompt longer than the whole context, impossible session options, and GGUF headers
 //! that declare absurd sizes (10^9 tensors, a 10^8-entry vocabulary, a 2^40-element tensor),
 //! streamed in small pieces: each is refused before anything is allocated for it; from a stream
-//! of unknown length, GPU memory follows the bytes that actually arrive.
+//! of unknown length, GPU memory follows the bytes that actually arrive. Chat templates (code
+//! from whatever file a page loads) that loop, double strings or write without bound are
+//! stopped in well under a second, while a 5,000-message chat still renders. A prompt from JS
+//! with lone surrogates and NUL bytes becomes U+FFFD and NUL, and generates.
 
 mod common;
 
+use cera_web::generate::chat::{Builtin, ChatMessage, ChatTemplate};
 use cera_web::generate::sampler::SamplerParams;
+use cera_web::generate::session::now_s;
 use cera_web::generate::session::{GenerateOptions, Session, SessionOptions};
 use cera_web::gguf::GgufWriter;
 use cera_web::loader::StreamLoader;
@@ -28,7 +33,7 @@ async fn generate(s: &mut Session, prompt: &[u32], n: u32) -> cera_web::Result<V
         constraint: None,
     };
     s.generate(prompt, &opts, &mut |id, _| {
-        ids.push(id);
+        ids.extend(id);
         true
     })
     .await?;
@@ -119,6 +124,24 @@ async fn session_refusals() {
     let e = generate(&mut fixed, &long[..40], 20).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::ContextFull, "{e}");
     assert!(fixed.n_past() <= 48);
+
+    // A prompt from JS with a lone surrogate and NUL bytes: crossing into wasm makes the lone
+    // surrogate U+FFFD (wasm-bindgen encodes JS strings as UTF-8, as TextEncoder does); NUL is
+    // an ordinary character (the tokenizer fixtures check NUL against llama.cpp for every
+    // vocabulary type). Here: the conversion, then such a prompt tokenizes without error and
+    // generates (this tiny vocabulary spells none of these characters, so only BOS remains).
+    #[cfg(target_arch = "wasm32")]
+    let text: String = js_sys::JsString::from_char_code(&[0x61, 0xD800, 0x62, 0, 0x63, 0xDC00])
+        .as_string()
+        .expect("a JS string");
+    #[cfg(not(target_arch = "wasm32"))]
+    let text = String::from_utf16_lossy(&[0x61, 0xD800, 0x62, 0, 0x63, 0xDC00]);
+    assert_eq!(text, "a\u{FFFD}b\0c\u{FFFD}");
+    let ids = tok.encode(&text, true, true);
+    tlog!("lone surrogates and NUL: {text:?} -> {ids:?}");
+    assert_eq!(ids, [1]);
+    s.reset();
+    assert_eq!(generate(&mut s, &ids, 4).await.unwrap().len(), 4);
 
     // Impossible options.
     for (n_ctx, n_keep) in [(48, 48), (48, 100), (1, 0), (0, 0)] {
@@ -238,4 +261,107 @@ async fn gguf_refusals() {
 gpu_test!(
     gguf_headers_declaring_absurd_sizes_are_refused,
     gguf_refusals()
+);
+
+async fn template_refusals() {
+    let chat = [
+        ChatMessage::system("Be brief."),
+        ChatMessage::user("Hi"),
+        ChatMessage::assistant("Hello."),
+        ChatMessage::user("Why?"),
+    ];
+    for (what, src, bound) in [
+        (
+            "two nested range(100000) loops",
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "budget of",
+        ),
+        (
+            "a string doubled 64 times",
+            "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+            "budget of",
+        ),
+        (
+            "100 MB written a kilobyte at a time",
+            "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+            "output passed",
+        ),
+        (
+            "a string of 2^40 bytes from one repeat",
+            "{{ 'x' * 1099511627776 }}",
+            // On wasm32 the count passes usize, and minijinja refuses it itself.
+            "budget of|repeated string is too large",
+        ),
+    ] {
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        let t0 = now_s();
+        let e = t.render(&chat, true).unwrap_err();
+        let secs = now_s() - t0;
+        tlog!("{what}: {:?} after {:.3} s: {}", e.code, secs, e.message);
+        assert_eq!(e.code, ErrorCode::InvalidArgument, "{what}: {e}");
+        assert!(
+            bound.split('|').any(|b| e.message.contains(b)),
+            "{what}: {e}"
+        );
+        assert!(secs < 1.0, "{what}: took {secs:.2} s");
+    }
+
+    // A long conversation through the built-ins still renders, whole.
+    let long: Vec<ChatMessage> = (0..5000)
+        .map(|i| {
+            if i % 2 == 0 {
+                ChatMessage::user(format!("question {i}: {}", "word ".repeat(40)))
+            } else {
+                ChatMessage::assistant(format!("answer {i}"))
+            }
+        })
+        .collect();
+    let official = [
+        (
+            "Llama 3.2 (file)",
+            include_str!("fixtures/chat/llama3.2-instruct.jinja"),
+        ),
+        (
+            "Qwen 2.5 (file)",
+            include_str!("fixtures/chat/qwen2.5-instruct.jinja"),
+        ),
+    ];
+    let templates = [
+        Builtin::Gemma,
+        Builtin::Llama3,
+        Builtin::ChatMl,
+        Builtin::Llama2,
+    ]
+    .map(|b| {
+        (
+            format!("{b:?} (built-in)"),
+            ChatTemplate::builtin(b, "<s>", "</s>"),
+        )
+    })
+    .into_iter()
+    .chain(official.map(|(n, src)| {
+        (
+            n.to_string(),
+            ChatTemplate::new(src, "<s>", "</s>").unwrap(),
+        )
+    }));
+    for (name, t) in templates {
+        let t0 = now_s();
+        let out = t
+            .render(&long, true)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        tlog!(
+            "{name}: 5,000 messages, {} bytes rendered in {:.3} s",
+            out.len(),
+            now_s() - t0
+        );
+        assert!(
+            out.contains("answer 4999") && out.contains("question 0: "),
+            "{name}"
+        );
+    }
+}
+gpu_test!(
+    chat_templates_that_loop_or_grow_are_stopped_in_under_a_second,
+    template_refusals()
 );

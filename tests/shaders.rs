@@ -100,3 +100,25 @@ fn params_structs_match_their_wgsl_layout() {
         );
     }
 }
+
+/// The cooperative attention shape's workgroup memory, as the host budgets it
+/// (`attention::coop_workgroup_bytes`, checked against the adapter's limit before that shape is
+/// chosen), equals what the compiled shader declares, for every workgroup size it is built with.
+#[test]
+fn attention_workgroup_memory_matches_the_host_formula() {
+    use cera_web::ops::attention::{coop_workgroup_bytes, key, AttentionConfig};
+    for wg in [64u32, 128, 256, 512] {
+        let k = key(AttentionConfig::cooperative(wg));
+        let src = shaders::expand(k.shader, &k.define_pairs()).unwrap();
+        let module = parse(&src, "attention.wgsl COOP");
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).unwrap();
+        let bytes: u32 = module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, g)| layouter[g.ty].size)
+            .sum();
+        assert_eq!(bytes, coop_workgroup_bytes(wg), "workgroup size {wg}");
+    }
+}

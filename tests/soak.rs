@@ -111,7 +111,7 @@ async fn soak() {
         let t_call = now_s();
         let stats = session
             .generate(&input, &gen, &mut |id, _| {
-                if id != u32::MAX {
+                if let Some(id) = id {
                     ids.push(id);
                 }
                 true

@@ -86,7 +86,7 @@ impl Gemma {
         let (mut ids, mut text) = (Vec::new(), String::new());
         let t0 = now_s();
         let stats = pollster::block_on(session.generate(prompt, opts, &mut |id, piece| {
-            if id != u32::MAX {
+            if let Some(id) = id {
                 ids.push(id);
             }
             text.push_str(piece);

@@ -1,4 +1,4 @@
-//! Chat templates: messages -> the prompt text a model was trained on (docs/design.md, decision 11).
+//! Chat templates: messages -> the prompt text a model was trained on (docs/architecture.md, decision 11).
 //!
 //! The GGUF's `tokenizer.chat_template` is Jinja (Hugging Face's `apply_chat_template`); we render
 //! it with minijinja configured like transformers (`trim_blocks`, `lstrip_blocks`, no trailing
@@ -15,8 +15,33 @@
 //! A file's template may start with `bos_token` while the tokenizer also adds BOS; llama.cpp
 //! drops one of them, and [`strip_leading_bos`] does the same for the caller that tokenizes with
 //! `add_bos`.
+//!
+//! A template is code from whatever file a page loads, so its work is bounded: minijinja's fuel
+//! (one unit per instruction, plus one per 64 bytes of every string it builds or writes) and a
+//! cap on the rendered text, both scaled by the size of the conversation. A loop over
+//! `range(100000)` inside another, or a string doubled 64 times, ends with `INVALID_ARGUMENT`
+//! in milliseconds instead of hanging the worker or growing memory without bound. Recursion
+//! is already limited by minijinja (500 levels). Not bounded yet: a list doubled by `+` in a
+//! loop (minijinja 3.1 concatenates lists lazily without charging fuel, then materializes the
+//! 2^33-item result at once).
 
 use crate::error::{Error, ErrorCode, Result};
+
+/// Fuel for one render: this much, plus [`TEMPLATE_FUEL_PER_MESSAGE`] per message and
+/// [`TEMPLATE_FUEL_PER_BYTE`] per byte of message text. Real templates stay far below it: the
+/// built-ins and the official Llama 3 / Qwen 2.5 templates render a 5,000-message chat within
+/// budget (tests/refusals.rs), while a hostile one is stopped after ~250k instructions
+/// (milliseconds).
+const TEMPLATE_FUEL: u64 = 250_000;
+/// A template's loop body per message: tens of instructions for every template tested, with
+/// room for tool-call branches and filters.
+const TEMPLATE_FUEL_PER_MESSAGE: u64 = 500;
+/// Per byte of text (a template may pass each message through a few filters; minijinja charges
+/// 1/64 of a unit per byte a string operation builds).
+const TEMPLATE_FUEL_PER_BYTE: u64 = 1;
+/// The rendered prompt may be this many bytes plus twice the conversation's text: room for
+/// every turn's markers, far below what would exhaust memory (1 MiB is ~250k tokens).
+const TEMPLATE_OUTPUT_BYTES: usize = 1 << 20;
 
 /// One message of a conversation. `role` is `system`, `user` or `assistant` (templates may
 /// accept others, e.g. `tool`).
@@ -239,8 +264,19 @@ impl ChatTemplate {
     }
 
     /// Render `messages`; `add_generation_prompt` appends the opening of the assistant's turn.
+    /// A template that spends its fuel or writes past the output cap is refused
+    /// (`INVALID_ARGUMENT`, naming which bound it hit).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let env = environment();
+        let text_bytes: usize = messages
+            .iter()
+            .map(|m| m.role.len() + m.content.len())
+            .sum();
+        let fuel = TEMPLATE_FUEL
+            + TEMPLATE_FUEL_PER_MESSAGE * messages.len() as u64
+            + TEMPLATE_FUEL_PER_BYTE * text_bytes as u64;
+        let cap = TEMPLATE_OUTPUT_BYTES + 2 * text_bytes;
+        let mut env = environment();
+        env.set_fuel(Some(fuel));
         let tmpl = env.template_from_str(&self.source).map_err(|e| {
             Error::new(
                 ErrorCode::BadGguf,
@@ -253,15 +289,70 @@ impl ChatTemplate {
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
-        tmpl.render(ctx).map_err(|e| {
-            Error::new(
+        let mut out = CappedWriter {
+            buf: Vec::new(),
+            cap,
+            overflowed: false,
+        };
+        let result = tmpl.render_captured_to(ctx, &mut out).map(|_| ());
+        let at_line = |e: &minijinja::Error| {
+            e.line()
+                .map(|l| format!(" (template line {l})"))
+                .unwrap_or_default()
+        };
+        match result {
+            Ok(()) => String::from_utf8(out.buf).map_err(|_| {
+                Error::new(
+                    ErrorCode::Internal,
+                    "the chat template produced invalid UTF-8",
+                )
+            }),
+            Err(e) if e.kind() == minijinja::ErrorKind::OutOfFuel => Err(Error::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "the chat template does too much work: it ran out of its budget of {fuel} \
+                     steps (a chat template needs a few thousand){}",
+                    at_line(&e)
+                ),
+            )),
+            Err(e) if out.overflowed => Err(Error::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "the chat template's output passed {cap} bytes (1 MiB plus twice the \
+                     conversation's {text_bytes} bytes of text){}",
+                    at_line(&e)
+                ),
+            )),
+            Err(e) => Err(Error::new(
                 ErrorCode::InvalidArgument,
                 format!(
                     "the chat template rejected the conversation: {}",
                     describe(&e)
                 ),
-            )
-        })
+            )),
+        }
+    }
+}
+
+/// The rendered text, refusing to grow past `cap` bytes (the write that would pass it fails,
+/// which stops the render).
+struct CappedWriter {
+    buf: Vec<u8>,
+    cap: usize,
+    overflowed: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > self.cap {
+            self.overflowed = true;
+            return Err(std::io::Error::other("chat template output cap"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

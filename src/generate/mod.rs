@@ -6,11 +6,13 @@
 //! - [`score`]: teacher-forced scoring (top tokens per position).
 //! - [`constraint`]: structured output (JSON Schema, Lark, regex, GBNF) as a per-step token mask.
 //! - [`chat`]: chat templates (the GGUF's Jinja template, or a built-in one per architecture).
+//! - [`open`]: one way to open a model (template, context clamp, defaults) for the CLI and JS.
 
 pub mod bench;
 pub mod chat;
 pub mod constraint;
 pub mod gbnf;
+pub mod open;
 pub mod sampler;
 pub mod score;
 pub mod session;

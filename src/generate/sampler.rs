@@ -1,6 +1,6 @@
 //! The sampler: llama.cpp's default chain with the vocabulary-wide work on the GPU.
 //!
-//! Per token (docs/design.md, decision 7: one readback per token, never the logits):
+//! Per token (docs/architecture.md, decision 7: one readback per token, never the logits):
 //! 1. GPU: repetition / frequency / presence penalties in place on the logits
 //!    ([`crate::ops::penalty`]) from the last `penalty_last_n` accepted tokens.
 //! 2. GPU: `temperature <= 0` -> argmax ([`crate::ops::argmax`]), read back 4 bytes, done.

@@ -514,12 +514,14 @@ impl Session {
     }
 
     /// Generate from `prompt` (token ids, appended to what the session holds): streams
-    /// `(id, text)` to `on_token` (return `false` to stop) and returns the stats.
+    /// `(Some(id), text)` per generated token to `on_token` (return `false` to stop), then
+    /// `(None, text)` once for text held back until the end (an incomplete UTF-8 sequence or a
+    /// possible stop string that never completed), and returns the stats.
     pub async fn generate(
         &mut self,
         prompt: &[u32],
         opts: &GenerateOptions,
-        on_token: &mut dyn FnMut(u32, &str) -> bool,
+        on_token: &mut dyn FnMut(Option<u32>, &str) -> bool,
     ) -> Result<GenerationStats> {
         self.check_ids(prompt)?;
         let room = self.opts.n_ctx.saturating_sub(if self.opts.context_shift {
@@ -592,7 +594,7 @@ impl Session {
                 stats.generated_tokens += 1;
                 let piece = detok.push(id);
                 let (text, hit) = stop.push(&piece);
-                if !on_token(id, &text) {
+                if !on_token(Some(id), &text) {
                     Some("aborted")
                 } else if hit {
                     Some("stop")
@@ -617,7 +619,7 @@ impl Session {
         }
         let tail = stop.flush(&detok.flush());
         if !tail.is_empty() {
-            on_token(u32::MAX, &tail);
+            on_token(None, &tail);
         }
         let t_end = now_s();
         let t_first = t_first.unwrap_or(t_end);

@@ -142,7 +142,7 @@ impl GgmlType {
         (n / be).checked_mul(bb)
     }
 
-    /// The types cera-web dequantizes on the CPU and multiplies on the GPU (docs/design.md, decision 6).
+    /// The types cera-web dequantizes on the CPU and multiplies on the GPU (docs/architecture.md, decision 6).
     pub fn gpu_supported(self) -> bool {
         use GgmlType::*;
         matches!(

@@ -1,6 +1,6 @@
 //! `argmax`: the greedy sampler on the GPU (see `shaders/argmax.wgsl`).
 //!
-//! Logits stay on the GPU (docs/design.md, decision 7): a multi-stage reduction leaves one
+//! Logits stay on the GPU (docs/architecture.md, decision 7): a multi-stage reduction leaves one
 //! `(value bits, index)` pair in [`Argmax::result`], and the caller reads back the 4-byte index
 //! at [`Argmax::INDEX_OFFSET`]. Ties go to the lowest index, like llama.cpp's greedy sampler.
 //!

@@ -23,8 +23,21 @@ use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
 pub const SHADER: &str = "attention.wgsl";
 pub const ENTRY: &str = "attention";
 
-/// The largest head_dim the kernel holds (its query/accumulator arrays are sized for it).
+/// The largest head_dim the kernel holds (its query/accumulator arrays are sized for it; the
+/// shader gets `HD2_MAX` = this / 2 vec2 slots from [`key`]).
 pub const MAX_HEAD_DIM: u32 = 256;
+
+/// Cells the simple (barrier-free) shape scores per chunk into its private array before it
+/// rescales its running sums: the shader's `SCHUNK`, defined from here by [`key`].
+pub const SCHUNK: u32 = 64;
+
+/// Workgroup memory of the cooperative shape with `wg` threads, in bytes: per thread one f32 in
+/// each of `sc`, `pw` and `lpart` and one vec2 in `part` (5 words), plus the query `qv`
+/// (`MAX_HEAD_DIM` f32). `tests/shaders.rs` checks it against the compiled shader's
+/// workgroup variables.
+pub const fn coop_workgroup_bytes(wg: u32) -> u32 {
+    (wg * 5 + MAX_HEAD_DIM) * 4
+}
 
 /// Uniform of `attention.wgsl`, and the whole description of one attention call.
 #[repr(C)]
@@ -203,11 +216,10 @@ impl AttentionConfig {
     /// LOOP_NOTE).
     pub fn fit(self, ctx: &GpuContext, p: &AttentionParams) -> Self {
         let pow2 = |n: u32| 1u32 << (31 - ctx.limits.workgroup_size(n).leading_zeros());
-        // A cooperative shape needs WG >= head_dim / 2 and its workgroup memory: 5 words per
-        // thread (sc, pw, lpart, and part as vec2) + the query.
+        // A cooperative shape needs WG >= head_dim / 2 and its workgroup memory.
         let coop_fits = |wg: u32| {
             wg >= p.head_dim / 2
-                && (wg * 5 + MAX_HEAD_DIM) * 4 <= ctx.limits.max_compute_workgroup_storage_size
+                && coop_workgroup_bytes(wg) <= ctx.limits.max_compute_workgroup_storage_size
         };
         let simple = AttentionConfig {
             workgroup_size: ctx.limits.workgroup_size(if self.cooperative {
@@ -239,7 +251,8 @@ impl AttentionConfig {
 pub const SIMPLE_MAX_ITERATIONS: u64 = 60_000;
 
 /// Loop iterations of the simple shape's longest (token, head): per cell, the unrolled score and
-/// V loops (`ceil(head_dim / 8)` each) and the two cell loops; per 64-cell chunk the rescale.
+/// V loops (`ceil(head_dim / 8)` each) and the two cell loops; per [`SCHUNK`]-cell chunk the
+/// rescale.
 pub fn simple_iterations(p: &AttentionParams) -> u64 {
     let hd2 = p.head_dim as u64 / 2;
     let cells = if p.window > 0 {
@@ -248,11 +261,14 @@ pub fn simple_iterations(p: &AttentionParams) -> u64 {
         p.n_cells()
     };
     let per_cell = 2 * (hd2 / 4 + hd2 % 4) + 2;
-    cells * per_cell + cells.div_ceil(64) * hd2 + 2 * hd2
+    cells * per_cell + cells.div_ceil(SCHUNK as u64) * hd2 + 2 * hd2
 }
 
 pub fn key(cfg: AttentionConfig) -> PipelineKey {
-    let k = PipelineKey::new(SHADER, ENTRY).workgroup_size(cfg.workgroup_size);
+    let k = PipelineKey::new(SHADER, ENTRY)
+        .workgroup_size(cfg.workgroup_size)
+        .define("HD2_MAX", format!("{}u", MAX_HEAD_DIM / 2))
+        .define("SCHUNK", format!("{SCHUNK}u"));
     if cfg.cooperative {
         k.define("COOP", "")
     } else {

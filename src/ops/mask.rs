@@ -4,7 +4,7 @@
 //! word `i / 32`), the layout llguidance's `SimpleVob` already has, so the host uploads its words
 //! unchanged (32 KiB for Gemma 3's 262,144 tokens). Forbidden logits become `-inf` in place,
 //! before penalties and the argmax / top-k reduction, so constrained decoding keeps the sampler's
-//! one small readback per token (docs/design.md, decision 7).
+//! one small readback per token (docs/architecture.md, decision 7).
 //!
 //! [`TokenMask::new`] prepares the dispatch once for a logits buffer; each step writes the words
 //! ([`TokenMask::write`]) and records the prepared dispatch into the token's compute pass.

@@ -8,7 +8,7 @@
 //!
 //! The kernel shape is a decision ([`MatmulConfig`]) recorded in the pipeline key: workgroup
 //! size, threads per row (TPR) and tokens per invocation (NT). Two families: thread-per-row with
-//! no barrier (for CPU-emulated adapters, where a workgroup barrier is costly: docs/design.md) and
+//! no barrier (for CPU-emulated adapters, where a workgroup barrier is costly: docs/architecture.md) and
 //! cooperative rows with a workgroup reduction (for real GPUs: TPR threads read a row's
 //! consecutive words, coalesced). Both are tested on every type.
 //!

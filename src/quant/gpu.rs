@@ -1,7 +1,7 @@
 //! The GPU layout of weight rows: GGUF blocks repacked so every field is a whole `u32` word.
 //!
 //! WGSL has no byte loads and GGUF blocks are not 4-byte aligned (Q4_0 18 bytes, Q5_0 22,
-//! Q8_0 34, Q6_K 210), so rows are repacked once, at load time, here and nowhere else (docs/design.md,
+//! Q8_0 34, Q6_K 210), so rows are repacked once, at load time, here and nowhere else (docs/architecture.md,
 //! decision 2). The repack is row-local: a loader streams whole rows through [`repack_rows`] in
 //! bounded chunks, and [`gpu_row_bytes`] gives the stride [`crate::gpu::tensor::plan_parts`]
 //! splits by. Every GPU row is a multiple of 4 bytes. Layout per type, `nb` blocks per row:

@@ -29,7 +29,7 @@ pub use float::{BlockBF16, BlockF16, BlockF32};
 pub use kquants::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, K_SCALE_SIZE, QK_K};
 pub use legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
 
-/// The types [`dequantize`] handles: exactly the ones the GPU runs (docs/design.md, decision 6).
+/// The types [`dequantize`] handles: exactly the ones the GPU runs (docs/architecture.md, decision 6).
 pub const SUPPORTED: [GgmlType; 11] = [
     GgmlType::F32,
     GgmlType::F16,

@@ -1,4 +1,4 @@
-//! Tokenizers from the GGUF (docs/design.md, decision 10), token ids equal to llama.cpp's.
+//! Tokenizers from the GGUF (docs/architecture.md, decision 10), token ids equal to llama.cpp's.
 //!
 //! - [`Tokenizer::from_gguf`] reads the vocabulary from the header: SentencePiece-style
 //!   (`tokenizer.ggml.model = "llama"`: scores, `<0xXX>` byte fallback, "▁" for spaces) or

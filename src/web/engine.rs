@@ -1,6 +1,6 @@
 //! The JS class: `Engine.load(source, options)` then `generate` / `chat` / `tokenize` / ...
 //!
-//! Thin and typed (docs/design.md, decision 12): options are serde structs read with serde-wasm-bindgen, the two
+//! Thin and typed (docs/architecture.md, decision 12): options are serde structs read with serde-wasm-bindgen, the two
 //! callbacks (`onProgress`, `onToken`) and the `AbortSignal` are read by name, results are serde
 //! structs written back, errors are JS `Error`s with a stable `code` ([`super::js_error`]).
 //!
@@ -29,13 +29,14 @@ use super::fetch::wasm_memory_bytes;
 use super::js_error;
 use super::source::{self, Abort, Origin, Source};
 use crate::error::{Error, ErrorCode, Result};
-use crate::generate::chat::{strip_leading_bos, ChatMessage, ChatTemplate};
+use crate::generate::chat::ChatMessage;
 use crate::generate::constraint::ConstraintSpec;
+use crate::generate::open::{OpenedModel, DEFAULT_MAX_TOKENS};
 use crate::generate::sampler::SamplerParams;
 use crate::generate::session::{GenerateOptions, Session, SessionOptions};
 use crate::gpu::{GpuContext, GpuLimits, LimitRequest};
 use crate::loader::{LoadedModel, MemoryPlan, StreamLoader};
-use crate::model::{HParams, Model};
+use crate::model::HParams;
 use crate::tokenizer::Tokenizer;
 
 // ---------------------------------------------------------------- options (JS -> Rust)
@@ -117,7 +118,7 @@ impl GenOptions {
         }
         Ok(GenerateOptions {
             constraint: from_format.or(from_grammar),
-            max_tokens: self.max_tokens.unwrap_or(256),
+            max_tokens: self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
             stop: self.stop.clone(),
             sampler: SamplerParams {
                 temperature: self.temperature.unwrap_or(d.temperature),
@@ -291,8 +292,7 @@ struct GenStats {
 /// What stays fixed after the load.
 struct Core {
     ctx: Arc<GpuContext>,
-    tok: Arc<Tokenizer>,
-    template: std::result::Result<ChatTemplate, Error>,
+    opened: OpenedModel,
     info: EngineInfo,
 }
 
@@ -369,7 +369,7 @@ impl Engine {
     pub fn tokenize(&self, text: &str, options: JsValue) -> std::result::Result<Vec<u32>, JsValue> {
         let o: TokenizeOptions = from_js(&options, "tokenize options").map_err(js_error)?;
         let core = self.core().map_err(js_error)?;
-        Ok(core.tok.encode(
+        Ok(core.opened.tok.encode(
             text,
             o.add_special.unwrap_or(true),
             o.parse_special.unwrap_or(true),
@@ -379,7 +379,7 @@ impl Engine {
     /// Token ids -> text (control tokens render as nothing).
     pub fn detokenize(&self, ids: Vec<u32>) -> std::result::Result<String, JsValue> {
         let core = self.core().map_err(js_error)?;
-        Ok(core.tok.decode(&ids))
+        Ok(core.opened.tok.decode(&ids))
     }
 
     /// Drop `nDiscard` cells of the KV cache after the first `nKeep` (the kv_shift kernel).
@@ -653,35 +653,13 @@ async fn load_on(
     progress.emit(true, || serde_json::json!({"phase": "model", "loadedBytes": total_bytes, "totalBytes": total_bytes, "tensorsLoaded": 0, "tensorsTotal": 0}));
     let header = weights.header.clone();
     let plan: MemoryPlan = weights.plan.clone();
-    let tok = Arc::new(Tokenizer::from_gguf(&header)?);
-    let model = Arc::new(Model::new(ctx, weights).await?);
+    let opened = OpenedModel::new(ctx, weights).await?;
+    let (model, tok, template) = (&opened.model, &opened.tok, &opened.template);
     let hp = &model.hp;
 
-    let bos_text = tok
-        .bos_id()
-        .and_then(|i| tok.token_text(i))
-        .unwrap_or("")
-        .to_string();
-    let eos_text = tok
-        .eos_id()
-        .and_then(|i| tok.token_text(i))
-        .unwrap_or("")
-        .to_string();
-    let template = ChatTemplate::select(
-        header.get_str("tokenizer.chat_template"),
-        header.architecture().unwrap_or(""),
-        &|t| tok.token_id(t).is_some(),
-        &bos_text,
-        &eos_text,
-    );
-
     let defaults = SessionOptions::default();
-    let n_ctx = opts
-        .context_size
-        .unwrap_or(defaults.n_ctx)
-        .min(hp.n_ctx_train.max(2));
     let sopts = SessionOptions {
-        n_ctx,
+        n_ctx: opened.context_size(opts.context_size),
         n_keep: opts.n_keep.unwrap_or(defaults.n_keep),
         n_discard: opts.n_discard.or(defaults.n_discard),
         context_shift: opts.context_shift.unwrap_or(defaults.context_shift),
@@ -689,7 +667,7 @@ async fn load_on(
         chain: defaults.chain,
         shift_recompute: opts.exact_context_shift.unwrap_or(defaults.shift_recompute),
     };
-    let session = Session::new(ctx.clone(), model.clone(), tok.clone(), sopts.clone())?;
+    let session = opened.session(ctx, sopts.clone())?;
     // One round trip to the GPU before the engine is handed out. No step of the load reads
     // anything back, and in the browser a device lost meanwhile is reported only
     // asynchronously (its `lost` promise); a readback on it fails, so a load that met a device
@@ -756,8 +734,7 @@ async fn load_on(
     progress.emit(true, || serde_json::json!({"phase": "ready", "loadedBytes": total_bytes, "totalBytes": total_bytes, "tensorsLoaded": 0, "tensorsTotal": 0}));
     let core = Rc::new(Core {
         ctx: ctx.clone(),
-        tok,
-        template,
+        opened,
         info,
     });
     Ok(Engine {
@@ -844,17 +821,12 @@ async fn generate(
     // Bad options fail before the session is touched.
     let gopts = opts.to_generate()?;
     let tokens = match &input {
-        Input::Raw(p) => core.tok.encode(
+        Input::Raw(p) => core.opened.tok.encode(
             p,
             opts.add_special.unwrap_or(true),
             opts.parse_special.unwrap_or(true),
         ),
-        Input::Chat(messages) => {
-            let t = core.template.as_ref().map_err(Clone::clone)?;
-            let text = t.render(messages, true)?;
-            core.tok
-                .encode(strip_leading_bos(&text, &t.bos_token), true, true)
-        }
+        Input::Chat(messages) => core.opened.chat_tokens(messages)?,
     };
     if tokens.is_empty() {
         return Err(Error::invalid("the prompt is empty"));
@@ -878,7 +850,7 @@ async fn generate(
 
     let mut js_err: Option<JsValue> = None;
     let mut first_ms: Option<f64> = None;
-    let mut cb = |id: u32, text: &str| -> bool {
+    let mut cb = |id: Option<u32>, text: &str| -> bool {
         if first_ms.is_none() {
             first_ms = Some(js_sys::Date::now() - t0);
         }
@@ -887,11 +859,7 @@ async fn generate(
             return false;
         }
         let Some(f) = on_token else { return true };
-        let id_js = if id == u32::MAX {
-            JsValue::NULL
-        } else {
-            JsValue::from(id)
-        };
+        let id_js = id.map_or(JsValue::NULL, JsValue::from);
         match f.call2(&JsValue::NULL, &JsValue::from_str(text), &id_js) {
             Ok(v) => v != JsValue::FALSE,
             Err(e) => {

@@ -3,7 +3,7 @@
 //! API), a `Blob`/`File`, a `ReadableStream` or an `ArrayBuffer`/`Uint8Array`.
 //!
 //! Every source is read chunk by chunk into one reusable buffer: the wasm heap holds one chunk at
-//! a time, never the file (docs/design.md, decision 2). The abort signal is checked between chunks and
+//! a time, never the file (docs/architecture.md, decision 2). The abort signal is checked between chunks and
 //! also passed to `fetch`, so a stalled download ends at once.
 
 use js_sys::{Function, Promise, Reflect, Uint8Array};

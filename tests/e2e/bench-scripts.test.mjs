@@ -1,13 +1,18 @@
 // The benchmark scripts without a GPU: bench:dawn's arguments and its "no adapter" exit, the
 // package loading a model in node on Dawn (SwiftShader), and the table of scripts/bench-nvidia
 // from stand-in benches (fake `cera` and `llama-bench` that print the JSON the real ones print).
-// About 5 s in all, most of it the model load.
+// The scripts' own lifecycle: every headless command prepares what it needs first, and the local
+// server a script starts ends on every way the script can end (also when it is killed outright);
+// a port already in use is an error, not a stranger's server. About 8 s in all, most of it the
+// model load.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { chmodSync, existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { root } from '../../scripts/browser.mjs';
+import { root, startServer } from '../../scripts/browser.mjs';
+import { prepareSteps } from '../../scripts/prepare.mjs';
 import { parseBenchArgs } from '../../scripts/bench-dawn.mjs';
 import { benchTable } from '../../scripts/bench-table.mjs';
 
@@ -15,7 +20,8 @@ const benchDawn = (args, env = {}) =>
   spawnSync(process.execPath, [`${root}/scripts/bench-dawn.mjs`, ...args], {
     cwd: root,
     encoding: 'utf8',
-    env: { ...process.env, ...env },
+    // The package is built already when the e2e phase runs: no set-up step here.
+    env: { ...process.env, CERA_NO_PREPARE: '1', ...env },
     timeout: 60_000,
   });
 
@@ -157,4 +163,119 @@ printf '[{"n_prompt": %d, "n_gen": 0, "n_depth": %d, "avg_ts": 40000}, {"n_promp
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+});
+
+const serverPort = Number(process.env.CERA_SCRIPTS_PORT || 18797);
+const alive = (pid) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+async function gone(pid, ms = 5000) {
+  for (let t = 0; t < ms && alive(pid); t += 50) await new Promise((r) => setTimeout(r, 50));
+  return !alive(pid);
+}
+
+test('a script\'s local server ends on every way the script ends, even SIGKILL', async () => {
+  const t0 = Date.now();
+  const ends = {
+    'an uncaught error': { code: "throw new Error('boom');", status: 1 },
+    'process.exit(3)': { code: 'process.exit(3);', status: 3 },
+    'a normal end (the script calls stop)': { code: 's.stop();', status: 0 },
+    SIGINT: { signal: 'SIGINT', status: 130 },
+    SIGTERM: { signal: 'SIGTERM', status: 143 },
+    SIGKILL: { signal: 'SIGKILL', status: null },
+  };
+  for (const [what, { code, signal, status }] of Object.entries(ends)) {
+    const script = `
+      import { startServer } from '${root}/scripts/browser.mjs';
+      const s = await startServer(${serverPort});
+      if (!(await fetch(s.url + '/__bytes')).ok) process.exit(9);
+      console.log(s.pid);
+      ${code ?? 'setInterval(() => {}, 1000);'}`;
+    const proc = spawn(process.execPath, ['--input-type=module', '-e', script], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+    const pid = await new Promise((resolve, reject) => {
+      proc.stdout.once('data', (d) => resolve(Number(String(d).trim())));
+      proc.once('exit', (c) => reject(new Error(`${what}: the script ended (${c}) before its server started`)));
+    });
+    assert.ok(pid > 0, `${what}: the server answered the script`);
+    if (signal) assert.ok(alive(pid), `${what}: the server runs until the signal`);
+    const exited = new Promise((r) => proc.on('exit', (c, sig) => r(c ?? sig)));
+    if (signal) proc.kill(signal);
+    const got = await exited;
+    assert.equal(got, status ?? 'SIGKILL', `${what}: the script's exit`);
+    assert.ok(await gone(pid), `${what}: the server ${pid} is still running`);
+    await assert.rejects(fetch(`http://127.0.0.1:${serverPort}/__bytes`), `${what}: the port still answers`);
+  }
+  console.log(`[bench-scripts] ${Object.keys(ends).length} ways to end, no server left: ${Date.now() - t0} ms`);
+});
+
+test('a port already in use is an error naming it, never a server of unknown origin', async () => {
+  const first = await startServer(serverPort);
+  try {
+    await assert.rejects(startServer(serverPort), new RegExp(`could not start on port ${serverPort} \\(exit 1\\): .*the port is in use`));
+  } finally {
+    first.stop();
+  }
+  assert.ok(await gone(first.pid));
+});
+
+// A stand-in `bash` first in PATH records the set-up steps a command runs (and fails the one
+// named by FAIL_STEP), so these runs neither install nor build anything.
+function withStubBash(fn) {
+  const dir = mkdtempSync(`${tmpdir()}/cera-prepare-`);
+  try {
+    writeFileSync(`${dir}/bash`, `#!/bin/sh\necho "$*" >> "${dir}/log"\n[ "$1" = "$FAIL_STEP" ] && exit 7\nexit 0\n`);
+    chmodSync(`${dir}/bash`, 0o755);
+    const run = (script, args, env = {}) => {
+      const r = spawnSync(process.execPath, [`${root}/scripts/${script}`, ...args], {
+        cwd: root,
+        encoding: 'utf8',
+        env: { ...process.env, CERA_NO_PREPARE: '', PATH: `${dir}:${process.env.PATH}`, CERA_PORT: String(serverPort), ...env },
+        timeout: 60_000,
+      });
+      const steps = existsSync(`${dir}/log`) ? readFileSync(`${dir}/log`, 'utf8').trim().split('\n') : [];
+      rmSync(`${dir}/log`, { force: true });
+      return { ...r, steps };
+    };
+    return fn(run);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+test('every headless command sets up and builds what it needs first, as npm start does', async () => {
+  const t0 = Date.now();
+  assert.deepEqual(prepareSteps({ model: true }), [['bash', 'scripts/setup'], ['bash', 'scripts/build'], ['scripts/fetch-model']]);
+  const pkg = JSON.parse(readFileSync(`${root}/package.json`, 'utf8'));
+  assert.equal(pkg.scripts.serve, pkg.scripts.start, 'npm run serve prepares like npm start');
+  withStubBash((run) => {
+    // Bad arguments are refused before any set-up.
+    let r = run('generate.mjs', ['--max-tokens', '4']);
+    assert.equal(r.status, 2);
+    assert.match(r.stderr, /usage: npm run generate -- --prompt/);
+    assert.deepEqual(r.steps, []);
+    // A failed step ends the command with its status, before any server or browser starts.
+    for (const [script, args] of [['generate.mjs', ['--prompt', 'x', '--model', '/m.gguf']], ['bench-browser.mjs', ['--model', '/m.gguf']],
+      ['bench-dawn.mjs', ['--model', `${root}/package.json`]]]) {
+      r = run(script, args, { FAIL_STEP: 'scripts/build' });
+      assert.equal(r.status, 7, `${script}: ${r.stderr}`);
+      assert.deepEqual(r.steps, ['scripts/setup', 'scripts/build'], script);
+      assert.match(r.stderr, /\[prepare\] bash scripts\/build failed \(exit 7\)/);
+    }
+    // Prepared, generate runs for real: a model URL that does not exist fails in the page with
+    // NETWORK, and the run's server and browser are gone after it.
+    r = run('generate.mjs', ['--prompt', 'x', '--model', '/models/no-such.gguf']);
+    assert.deepEqual(r.steps, ['scripts/setup', 'scripts/build'], 'a URL model needs no fetch-model');
+    assert.equal(r.status, 1, r.stderr);
+    // (Without a package build, as in a tree where only this file's tests run, the page cannot
+    // import it: that error instead.)
+    const built = existsSync(`${root}/pkg/cera_web_bg.wasm`);
+    assert.match(r.stderr, built ? /error NETWORK: / : /error TypeError: Failed to fetch dynamically imported module/);
+  });
+  await assert.rejects(fetch(`http://127.0.0.1:${serverPort}/__bytes`), 'no server left behind');
+  console.log(`[bench-scripts] prepare steps and a failing generate run: ${Date.now() - t0} ms`);
 });

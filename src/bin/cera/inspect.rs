@@ -8,17 +8,54 @@ use cera_web::gpu::GpuContext;
 use cera_web::loader::plan;
 use cera_web::Error;
 
-fn short(v: &MetaValue) -> String {
-    let s = format!("{v:?}");
-    if s.len() > 100 {
-        format!(
-            "{}… ({} chars)",
-            &s[..s.char_indices().nth(96).map_or(s.len(), |c| c.0)],
-            s.len()
-        )
-    } else {
-        s
+/// Up to `limit` bytes of formatted text; the write that would pass it fails, which makes
+/// `Debug` of a long array stop at once instead of formatting every element and dropping them
+/// (a 262k-entry vocabulary is several MB of text). `offered` counts what was formatted.
+struct Limited {
+    s: String,
+    limit: usize,
+    offered: usize,
+}
+
+impl std::fmt::Write for Limited {
+    fn write_str(&mut self, x: &str) -> std::fmt::Result {
+        self.offered += x.len();
+        let room = self.limit - self.s.len();
+        if x.len() <= room {
+            self.s.push_str(x);
+            return Ok(());
+        }
+        let mut end = room;
+        while !x.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.s.push_str(&x[..end]);
+        Err(std::fmt::Error)
     }
+}
+
+/// A metadata value in at most about 100 characters, with its full size when it was cut.
+/// Returns the text and the bytes formatted to make it.
+fn short_counted(v: &MetaValue) -> (String, usize) {
+    use std::fmt::Write;
+    let mut w = Limited {
+        s: String::new(),
+        limit: 96,
+        offered: 0,
+    };
+    if write!(w, "{v:?}").is_ok() {
+        return (w.s, w.offered);
+    }
+    let size = match v {
+        MetaValue::Array(a) => format!("{} items", a.len()),
+        MetaValue::String(s) => format!("{} bytes", s.len()),
+        _ => "cut".to_string(),
+    };
+    (format!("{}… ({size})", w.s), w.offered)
+}
+
+fn short(v: &MetaValue) -> String {
+    short_counted(v).0
 }
 
 fn mb(b: u64) -> String {
@@ -118,4 +155,38 @@ pub fn run(path: &Path, json: bool) -> Result<(), Error> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cera_web::gguf::MetaArray;
+
+    #[test]
+    fn a_262k_vocabulary_is_shown_without_formatting_it_whole() {
+        let vocab: Vec<String> = (0..262_144).map(|i| format!("token{i}")).collect();
+        let v = MetaValue::Array(MetaArray::String(vocab));
+        let t0 = std::time::Instant::now();
+        let (text, formatted) = short_counted(&v);
+        eprintln!(
+            "262,144 entries: {text:?}, {formatted} bytes formatted in {:?}",
+            t0.elapsed()
+        );
+        assert!(
+            text.starts_with("Array(String([\"token0\", \"token1\""),
+            "{text}"
+        );
+        assert!(text.ends_with("… (262144 items)"), "{text}");
+        assert!(
+            formatted < 200,
+            "{formatted} bytes formatted for a 100-char line"
+        );
+        let long = MetaValue::String("é".repeat(100_000));
+        let (text, formatted) = short_counted(&long);
+        assert!(
+            text.ends_with("… (200000 bytes)") && formatted < 300_000,
+            "{text}"
+        );
+        assert_eq!(short(&MetaValue::U32(7)), "U32(7)");
+    }
 }

@@ -6,13 +6,13 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use cera_web::generate::chat::{render_for_model, ChatMessage};
+use cera_web::generate::chat::ChatMessage;
 use cera_web::generate::constraint::ConstraintSpec;
+use cera_web::generate::open::{OpenedModel, DEFAULT_MAX_TOKENS};
 use cera_web::generate::sampler::SamplerParams;
 use cera_web::generate::score::score;
-use cera_web::generate::session::{GenerateOptions, Session, SessionOptions};
+use cera_web::generate::session::{GenerateOptions, SessionOptions};
 use cera_web::gpu::GpuContext;
-use cera_web::model::Model;
 use cera_web::tokenizer::Tokenizer;
 use cera_web::{Error, Result};
 
@@ -20,16 +20,69 @@ pub fn usage() -> &'static str {
     "cera generate --model M.gguf --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n\
      \x20             [--repeat-penalty R] [--seed S] [--ctx N] [--n-keep N] [--chat] [--json]\n\
      \x20             [--json-schema FILE | --json-object | --grammar FILE.gbnf|FILE.lark | --regex R]\n\
-     cera tokenize --model M.gguf --text TEXT\n\
-     cera score    --model M.gguf --tokens 2,818,5279,...\n\
+     cera tokenize --model M.gguf --text TEXT [--no-parse-special]\n\
+     cera score    --model M.gguf --tokens 2,818,5279,... [--batch N]\n\
      cera bench    --model M.gguf [--prompt-tokens 256] [--gen-tokens 128] [--runs 3] [--profile]"
 }
 
-/// `--name value` pairs and bare `--flag`s.
+/// The flags each command accepts: `(name, takes a value)`. Anything else is refused with the
+/// usage, so a misspelt flag (`--temprature 0`) never runs with the default silently.
+fn accepted(cmd: &str) -> &'static [(&'static str, bool)] {
+    match cmd {
+        "generate" => &[
+            ("model", true),
+            ("prompt", true),
+            ("max-tokens", true),
+            ("temperature", true),
+            ("top-k", true),
+            ("top-p", true),
+            ("min-p", true),
+            ("repeat-penalty", true),
+            ("seed", true),
+            ("ctx", true),
+            ("n-keep", true),
+            ("chat", false),
+            ("json", false),
+            ("json-schema", true),
+            ("json-object", false),
+            ("grammar", true),
+            ("regex", true),
+        ],
+        "tokenize" => &[("model", true), ("text", true), ("no-parse-special", false)],
+        "score" => &[("model", true), ("tokens", true), ("batch", true)],
+        "bench" => &[
+            ("model", true),
+            ("prompt-tokens", true),
+            ("gen-tokens", true),
+            ("runs", true),
+            ("profile", false),
+        ],
+        _ => &[],
+    }
+}
+
+/// Edit distance, for the "did you mean" of an unknown flag.
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// `--name value` pairs and bare `--flag`s, checked against what `cmd` accepts.
 pub struct Flags(HashMap<String, String>);
 
 impl Flags {
-    pub fn parse(args: &[String]) -> Result<Flags> {
+    pub fn parse(cmd: &str, args: &[String]) -> Result<Flags> {
+        let known = accepted(cmd);
         let mut m = HashMap::new();
         let mut i = 0;
         while i < args.len() {
@@ -40,16 +93,31 @@ impl Flags {
                     usage()
                 )));
             };
-            let bare = matches!(name, "chat" | "json" | "profile" | "json-object");
-            if bare {
-                m.insert(name.to_string(), String::new());
-                i += 1;
-            } else {
+            let Some(&(_, takes_value)) = known.iter().find(|(k, _)| *k == name) else {
+                let near = known
+                    .iter()
+                    .map(|(k, _)| (distance(name, k), *k))
+                    .min()
+                    .filter(|(d, _)| *d <= 2)
+                    .map(|(_, k)| format!(" (did you mean --{k}?)"))
+                    .unwrap_or_default();
+                return Err(Error::invalid(format!(
+                    "cera {cmd} has no flag --{name}{near}\n{}",
+                    usage()
+                )));
+            };
+            if m.contains_key(name) {
+                return Err(Error::invalid(format!("--{name} is given twice")));
+            }
+            if takes_value {
                 let v = args
                     .get(i + 1)
                     .ok_or_else(|| Error::invalid(format!("--{name} needs a value")))?;
                 m.insert(name.to_string(), v.clone());
                 i += 2;
+            } else {
+                m.insert(name.to_string(), String::new());
+                i += 1;
             }
         }
         Ok(Flags(m))
@@ -64,24 +132,28 @@ impl Flags {
             .ok_or_else(|| Error::invalid(format!("--{k} is required\n{}", usage())))
     }
     fn num<T: std::str::FromStr>(&self, k: &str, default: T) -> Result<T> {
+        Ok(self.num_opt(k)?.unwrap_or(default))
+    }
+    fn num_opt<T: std::str::FromStr>(&self, k: &str) -> Result<Option<T>> {
         match self.0.get(k) {
-            None => Ok(default),
+            None => Ok(None),
             Some(v) => v
                 .parse()
+                .map(Some)
                 .map_err(|_| Error::invalid(format!("--{k}: {v:?} is not a valid number"))),
         }
     }
 }
 
-fn open_model(path: &str) -> Result<(Arc<GpuContext>, Arc<Model>, Arc<Tokenizer>)> {
+/// The GPU and the model at `path`, opened as the JS Engine opens one.
+fn open_model(path: &str) -> Result<(Arc<GpuContext>, OpenedModel)> {
     let ctx = GpuContext::new_blocking(&Default::default())?;
     // An unknown architecture is refused from the header, before any weight is uploaded.
     let weights = cera_web::loader::load_file_with(&ctx, Path::new(path), |h| {
         cera_web::model::HParams::from_gguf(h).map(|_| ())
     })?;
-    let tok = Tokenizer::from_gguf(&weights.header)?;
-    let model = pollster::block_on(Model::new(&ctx, weights))?;
-    Ok((Arc::new(ctx), Arc::new(model), Arc::new(tok)))
+    let opened = pollster::block_on(OpenedModel::new(&ctx, weights))?;
+    Ok((Arc::new(ctx), opened))
 }
 
 fn json_str(s: &str) -> String {
@@ -89,26 +161,19 @@ fn json_str(s: &str) -> String {
 }
 
 pub fn generate(f: &Flags) -> Result<()> {
-    let (ctx, model, tok) = open_model(f.str("model")?)?;
+    let (ctx, opened) = open_model(f.str("model")?)?;
     let prompt = f.str("prompt")?;
-    let text = if f.has("chat") {
-        render_for_model(
-            &model.weights.header,
-            &tok,
-            &[ChatMessage::user(prompt)],
-            true,
-        )?
+    let ids = if f.has("chat") {
+        opened.chat_tokens(&[ChatMessage::user(prompt)])?
     } else {
-        prompt.to_string()
+        opened.tok.encode(prompt, true, true)
     };
-    let ids = tok.encode(&text, true, f.has("chat"));
-    let n_ctx = f.num("ctx", 2048u32)?.min(model.hp.n_ctx_train.max(16));
     let opts = SessionOptions {
-        n_ctx,
+        n_ctx: opened.context_size(f.num_opt("ctx")?),
         n_keep: f.num("n-keep", 0u32)?,
         ..Default::default()
     };
-    let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts)?;
+    let mut session = opened.session(&ctx, opts)?;
     let defaults = SamplerParams::default();
     let sampler = SamplerParams {
         temperature: f.num("temperature", defaults.temperature)?,
@@ -120,7 +185,7 @@ pub fn generate(f: &Flags) -> Result<()> {
         ..defaults
     };
     let gen = GenerateOptions {
-        max_tokens: f.num("max-tokens", 128u32)?,
+        max_tokens: f.num("max-tokens", DEFAULT_MAX_TOKENS)?,
         stop: Vec::new(),
         sampler,
         constraint: constraint_flags(f)?,
@@ -129,7 +194,7 @@ pub fn generate(f: &Flags) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let stats = pollster::block_on(session.generate(&ids, &gen, &mut |id, piece| {
         if json {
-            if id != u32::MAX {
+            if let Some(id) = id {
                 let _ = writeln!(out, "{{\"id\": {id}, \"text\": {}}}", json_str(piece));
             }
         } else {
@@ -194,7 +259,9 @@ fn constraint_flags(f: &Flags) -> Result<Option<ConstraintSpec>> {
 pub fn tokenize(f: &Flags) -> Result<()> {
     let (h, _) = cera_web::loader::read_header_file(Path::new(f.str("model")?))?;
     let tok = Tokenizer::from_gguf(&h)?;
-    let ids = tok.encode(f.str("text")?, true, true);
+    // Like llama-tokenize: special-token texts (`<start_of_turn>`) are parsed as the special
+    // token unless `--no-parse-special`, which tokenizes them as plain text.
+    let ids = tok.encode(f.str("text")?, true, !f.has("no-parse-special"));
     println!("{}", serde_json::to_string(&ids).unwrap_or_default());
     Ok(())
 }
@@ -213,8 +280,15 @@ pub fn score_cmd(f: &Flags) -> Result<()> {
     if ids.is_empty() {
         return Err(Error::invalid("--tokens is empty"));
     }
-    let (ctx, model, _tok) = open_model(f.str("model")?)?;
-    let tops = pollster::block_on(score(&ctx, &model, &ids, 0, 5, f.num("batch", 32u32)?))?;
+    let (ctx, opened) = open_model(f.str("model")?)?;
+    let tops = pollster::block_on(score(
+        &ctx,
+        &opened.model,
+        &ids,
+        0,
+        5,
+        f.num("batch", 32u32)?,
+    ))?;
     for (pos, top) in tops.iter().enumerate() {
         let t: Vec<String> = top.iter().map(|(id, l)| format!("[{id}, {l}]")).collect();
         println!("{{\"pos\": {pos}, \"top\": [{}]}}", t.join(", "));
@@ -223,17 +297,75 @@ pub fn score_cmd(f: &Flags) -> Result<()> {
 }
 
 pub fn bench(f: &Flags) -> Result<()> {
-    let (ctx, model, tok) = open_model(f.str("model")?)?;
+    let (ctx, opened) = open_model(f.str("model")?)?;
+    let (model, tok) = (&opened.model, &opened.tok);
     let n_prompt = f.num("prompt-tokens", 256u32)?;
     let n_gen = f.num("gen-tokens", 128u32)?;
     let runs = f.num("runs", 3u32)?.max(1);
     let profile = f.has("profile");
     let report = pollster::block_on(cera_web::generate::bench::run(
-        &ctx, &model, &tok, n_prompt, n_gen, runs, profile,
+        &ctx, model, tok, n_prompt, n_gen, runs, profile,
     ))?;
     println!(
         "{}",
         serde_json::to_string_pretty(&report).unwrap_or_default()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(cmd: &str, args: &[&str]) -> Result<Flags> {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        Flags::parse(cmd, &args)
+    }
+
+    #[test]
+    fn unknown_flags_are_refused_with_the_usage() {
+        let e = parse("generate", &["--model", "m.gguf", "--temprature", "0"])
+            .err()
+            .expect("refused");
+        assert_eq!(e.code, cera_web::ErrorCode::InvalidArgument);
+        assert!(
+            e.message
+                .starts_with("cera generate has no flag --temprature (did you mean --temperature?)\ncera generate --model"),
+            "{e}"
+        );
+        // A flag of another command is refused too, without a guess when nothing is close.
+        let e = parse("tokenize", &["--model", "m", "--prompt-tokens", "4"])
+            .err()
+            .expect("refused");
+        assert!(
+            e.message
+                .starts_with("cera tokenize has no flag --prompt-tokens\n"),
+            "{e}"
+        );
+        for bad in [&["--chat", "--chat"][..], &["--seed"], &["model.gguf"]] {
+            assert!(parse("generate", bad).is_err(), "{bad:?}");
+        }
+        let f = parse(
+            "generate",
+            &[
+                "--model",
+                "m.gguf",
+                "--temperature",
+                "0",
+                "--chat",
+                "--max-tokens",
+                "3",
+            ],
+        )
+        .unwrap();
+        assert!(f.has("chat") && !f.has("json"));
+        assert_eq!(f.num("temperature", 1.0f32).unwrap(), 0.0);
+        assert_eq!(f.num("max-tokens", 128u32).unwrap(), 3);
+        assert!(parse(
+            "tokenize",
+            &["--model", "m", "--text", "a", "--no-parse-special"]
+        )
+        .unwrap()
+        .has("no-parse-special"));
+    }
 }

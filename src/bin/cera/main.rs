@@ -44,7 +44,7 @@ fn main() {
             }
         }
         Some(cmd @ ("generate" | "tokenize" | "score" | "bench")) => {
-            let run = llm::Flags::parse(&args[2..]).and_then(|f| match cmd {
+            let run = llm::Flags::parse(cmd, &args[2..]).and_then(|f| match cmd {
                 "generate" => llm::generate(&f),
                 "tokenize" => llm::tokenize(&f),
                 "score" => llm::score_cmd(&f),
@@ -60,20 +60,27 @@ fn main() {
             }
         }
         Some("inspect") => {
-            let Some(path) = args.get(2) else {
+            let rest = &args[2..];
+            let json = rest.iter().any(|a| a == "--json");
+            let paths: Vec<&String> = rest.iter().filter(|a| *a != "--json").collect();
+            let [path] = paths[..] else {
                 eprintln!("usage: cera inspect MODEL.gguf [--json]");
                 std::process::exit(2);
             };
-            if let Err(e) = inspect::run(
-                std::path::Path::new(path),
-                args.iter().any(|a| a == "--json"),
-            ) {
+            if path.starts_with("--") {
+                eprintln!(
+                    "cera inspect has no flag {path}\nusage: cera inspect MODEL.gguf [--json]"
+                );
+                std::process::exit(2);
+            }
+            if let Err(e) = inspect::run(std::path::Path::new(path), json) {
                 eprintln!("error: {e}");
                 std::process::exit(1);
             }
         }
         Some("load") => {
-            let Some(path) = args.get(2) else {
+            let (Some(path), None) = (args.get(2).filter(|a| !a.starts_with("--")), args.get(3))
+            else {
                 eprintln!("usage: cera load MODEL.gguf");
                 std::process::exit(2);
             };
