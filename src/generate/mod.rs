@@ -6,6 +6,7 @@
 //! - [`score`]: teacher-forced scoring (top tokens per position).
 //! - [`constraint`]: structured output (JSON Schema, Lark, regex, GBNF) as a per-step token mask.
 //! - [`chat`]: chat templates (the GGUF's Jinja template, or a built-in one per architecture).
+//! - [`tools`]: tool calls: the call syntax per family, its grammar and its parser.
 
 pub mod bench;
 pub mod chat;
@@ -14,3 +15,4 @@ pub mod gbnf;
 pub mod sampler;
 pub mod score;
 pub mod session;
+pub mod tools;
