@@ -114,6 +114,36 @@ export interface GenerateOptions extends SamplingOptions {
   responseFormat?: ResponseFormat;
   /** Constrain the output to a grammar or regex (not together with `responseFormat`). */
   grammar?: Grammar;
+  /**
+   * Chat only: tools the model may call, rendered by its chat template. While a call is
+   * generated its arguments are held to the tool's JSON Schema; the calls come back parsed in
+   * `stats.toolCalls` (`finishReason: 'tool_calls'`). Not together with `responseFormat` /
+   * `grammar` unless `toolChoice` is `'none'`.
+   */
+  tools?: ToolDefinition[];
+  /** `'auto'` (default: text or calls), `'required'` (calls only), `'none'`, or one named function. */
+  toolChoice?: ToolChoice;
+}
+
+/** OpenAI's function tool. */
+export interface ToolDefinition {
+  type?: 'function';
+  function: { name: string; description?: string; parameters?: JsonSchema; strict?: boolean };
+}
+
+export type ToolChoice = 'none' | 'auto' | 'required' | { type: 'function'; function: { name: string } };
+
+/** A call parsed from the model's answer. */
+export interface ParsedToolCall {
+  name: string;
+  arguments: Record<string, unknown>;
+}
+
+/** OpenAI's call as it appears in an assistant message. */
+export interface ToolCallMessagePart {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
 }
 
 export interface Token {
@@ -132,13 +162,17 @@ export interface GenerationStats {
   decodeTokS: number;
   firstTokenMs: number;
   totalMs: number;
-  finishReason: 'stop' | 'length' | 'aborted';
+  finishReason: 'stop' | 'length' | 'aborted' | 'tool_calls';
   contextShifts: number;
   totalContextShifts: number;
   nPast: number;
   contextSize: number;
   /** CPU time of the constraint's token mask, ms per token (0 without a constraint). */
   maskMsPerToken: number;
+  /** With `tools`: the calls in the answer (empty when it is plain text). */
+  toolCalls?: ParsedToolCall[];
+  /** With `tools`: the answer's text outside its calls. */
+  content?: string;
 }
 
 /** A running generation: `for await (const {text} of stream)`; `await stream.stats`. */
@@ -150,8 +184,14 @@ export interface TokenStream extends AsyncIterableIterator<Token> {
 }
 
 export interface ChatMessage {
-  role: 'system' | 'user' | 'assistant' | string;
-  content: string;
+  role: 'system' | 'user' | 'assistant' | 'tool' | string;
+  /** May be null for an assistant message that only calls tools. */
+  content: string | null;
+  /** An assistant's calls (OpenAI's shape; `arguments` a JSON string or an object). */
+  tool_calls?: ToolCallMessagePart[];
+  /** A tool message: the call it answers. */
+  tool_call_id?: string;
+  name?: string;
 }
 
 export interface TokenizeOptions {
@@ -220,9 +260,11 @@ export interface OpenAIChatMessage {
   role: 'system' | 'developer' | 'user' | 'assistant' | string;
   content: string | { type: 'text'; text: string }[] | null;
   name?: string;
+  tool_calls?: ToolCallMessagePart[];
+  tool_call_id?: string;
 }
 
-/** Fields common to both requests. Anything else (or n > 1, logprobs, tools) is INVALID_ARGUMENT. */
+/** Fields common to both requests. Anything else (or n > 1, logprobs) is INVALID_ARGUMENT. */
 export interface OpenAIRequestCommon {
   model?: string;
   stream?: boolean | null;
@@ -249,9 +291,9 @@ export interface OpenAIRequestCommon {
 export interface ChatCompletionCreateParams extends OpenAIRequestCommon {
   messages: OpenAIChatMessage[];
   response_format?: ResponseFormat | null;
-  /** Not supported yet: an empty list or `tool_choice: 'none'` only. */
-  tools?: [] | null;
-  tool_choice?: 'none' | null;
+  /** Rendered by the model's chat template; calls come back in `message.tool_calls`. */
+  tools?: ToolDefinition[] | null;
+  tool_choice?: ToolChoice | null;
   parallel_tool_calls?: boolean | null;
 }
 
@@ -260,7 +302,7 @@ export interface CompletionCreateParams extends OpenAIRequestCommon {
   echo?: false | null;
 }
 
-export type FinishReason = 'stop' | 'length';
+export type FinishReason = 'stop' | 'length' | 'tool_calls';
 
 export interface CompletionUsage {
   prompt_tokens: number;
@@ -273,7 +315,7 @@ export interface ChatCompletion {
   object: 'chat.completion';
   created: number;
   model: string;
-  choices: { index: number; message: { role: 'assistant'; content: string; refusal: null }; logprobs: null; finish_reason: FinishReason }[];
+  choices: { index: number; message: { role: 'assistant'; content: string | null; refusal: null; tool_calls?: ToolCallMessagePart[] }; logprobs: null; finish_reason: FinishReason }[];
   usage: CompletionUsage;
 }
 
@@ -283,7 +325,7 @@ export interface ChatCompletionChunk {
   created: number;
   model: string;
   /** Empty in the extra usage chunk of `stream_options.include_usage`. */
-  choices: { index: number; delta: { role?: 'assistant'; content?: string }; logprobs: null; finish_reason: FinishReason | null }[];
+  choices: { index: number; delta: { role?: 'assistant'; content?: string; tool_calls?: (ToolCallMessagePart & { index: number })[] }; logprobs: null; finish_reason: FinishReason | null }[];
   usage?: CompletionUsage;
 }
 

@@ -4,7 +4,11 @@
 // official `openai` client and other OpenAI-compatible SDKs talk to the engine with no server.
 //
 // Requests are checked field by field: anything this engine cannot honour (n > 1, logprobs,
-// tools, ...) is an `INVALID_ARGUMENT`, never silently ignored.
+// ...) is an `INVALID_ARGUMENT`, never silently ignored.
+//
+// Tools: `tools` / `tool_choice` go to the engine's chat, which renders them with the model's
+// template, constrains the call's arguments to the tool's JSON Schema and parses the call back
+// (`stats.toolCalls`); here they become OpenAI's `message.tool_calls` / `delta.tool_calls`.
 
 function invalid(message) {
   const e = new Error(message);
@@ -35,7 +39,7 @@ const COMMON = {
   metadata: null,
   store: null,
 };
-const CHAT_FIELDS = { ...COMMON, messages: null, response_format: 'responseFormat', tools: null, tool_choice: null, parallel_tool_calls: null };
+const CHAT_FIELDS = { ...COMMON, messages: null, response_format: 'responseFormat', tools: 'tools', tool_choice: 'toolChoice', parallel_tool_calls: null };
 const COMPLETION_FIELDS = { ...COMMON, prompt: null, echo: null, suffix: null };
 
 let counter = 0;
@@ -53,7 +57,7 @@ function toOptions(body, allowed, what) {
     if (k === 'logprobs' && v !== false) throw invalid(`${what}: logprobs are not supported`);
     if (k === 'echo' && v !== false) throw invalid(`${what}: echo is not supported`);
     if (k === 'suffix') throw invalid(`${what}: suffix (fill in the middle) is not supported`);
-    if ((k === 'tools' && v.length) || (k === 'tool_choice' && v !== 'none')) throw invalid(`${what}: tool calls are not supported yet`);
+    if (k === 'tools' && !Array.isArray(v)) throw invalid(`${what}: tools must be an array`);
     if (k === 'stream_options' && (typeof v !== 'object' || Object.keys(v).some((o) => o !== 'include_usage'))) throw invalid(`${what}: stream_options takes only include_usage`);
     const name = allowed[k];
     if (!name) continue;
@@ -80,11 +84,31 @@ function toMessages(messages) {
     }
     if (typeof content !== 'string') throw invalid(`chat.completions: messages[${i}].content must be a string or text parts`);
     const role = m.role === 'developer' ? 'system' : m.role;
-    return { role, content };
+    const out = { role, content };
+    if (m.tool_calls != null) {
+      if (!Array.isArray(m.tool_calls)) throw invalid(`chat.completions: messages[${i}].tool_calls must be an array`);
+      out.tool_calls = m.tool_calls;
+    }
+    if (m.tool_call_id != null) out.tool_call_id = String(m.tool_call_id);
+    if (m.name != null) out.name = String(m.name);
+    return out;
   });
 }
 
-const finishReason = (r) => (r === 'length' ? 'length' : 'stop');
+const finishReason = (r) => (r === 'length' || r === 'tool_calls' ? r : 'stop');
+
+/** The engine's parsed calls -> OpenAI's `tool_calls` (arguments as a JSON string). */
+const toolCallsOf = (calls) =>
+  calls.map((c) => ({ id: newId('call'), type: 'function', function: { name: c.name, arguments: JSON.stringify(c.arguments ?? {}) } }));
+
+// How a call may open, per syntax (Qwen's <tool_call>, a fenced block, Llama's bare JSON,
+// LFM2's list): while a streamed answer could still be a call it is held back, then sent as
+// `delta.tool_calls` or, once it cannot be one, as text.
+const CALL_OPENERS = ['<tool_call>', '```', '{', '[', '<|python_tag|>'];
+const mayBeCall = (text) => {
+  const t = text.trimStart();
+  return CALL_OPENERS.some((o) => o.startsWith(t) || t.startsWith(o));
+};
 const usageOf = (s) => ({ prompt_tokens: s.promptTokens, completion_tokens: s.generatedTokens, total_tokens: s.promptTokens + s.generatedTokens });
 
 async function modelName(engine) {
@@ -115,15 +139,23 @@ export function openaiApi(engine) {
 
   async function chatCreate(body) {
     const { stream, model, id, created } = await run('chat', body);
-    if (body.stream) return chunks('chat', stream, { model, id, created, includeUsage: !!body.stream_options?.include_usage });
-    const content = await stream.text();
+    if (body.stream) {
+      const tools = Array.isArray(body.tools) && body.tools.length > 0 && body.tool_choice !== 'none';
+      return chunks('chat', stream, { model, id, created, includeUsage: !!body.stream_options?.include_usage, tools });
+    }
+    const text = await stream.text();
     const s = await stream.stats;
+    const message = { role: 'assistant', content: text, refusal: null };
+    if (s.toolCalls?.length) {
+      message.content = s.content || null;
+      message.tool_calls = toolCallsOf(s.toolCalls);
+    }
     return {
       id,
       object: 'chat.completion',
       created,
       model,
-      choices: [{ index: 0, message: { role: 'assistant', content, refusal: null }, logprobs: null, finish_reason: finishReason(s.finishReason) }],
+      choices: [{ index: 0, message, logprobs: null, finish_reason: finishReason(s.finishReason) }],
       usage: usageOf(s),
     };
   }
@@ -158,7 +190,7 @@ export function openaiApi(engine) {
 }
 
 /** Stream chunks in OpenAI's shapes (an async iterable; `controller`-less, like the SDK's). */
-function chunks(kind, stream, { model, id, created, includeUsage }) {
+function chunks(kind, stream, { model, id, created, includeUsage, tools = false }) {
   const chat = kind === 'chat';
   const object = chat ? 'chat.completion.chunk' : 'text_completion';
   const base = () => ({ id, object, created, model });
@@ -166,14 +198,32 @@ function chunks(kind, stream, { model, id, created, includeUsage }) {
     chat ? { index: 0, delta: text === null ? {} : { content: text }, logprobs: null, finish_reason: finish } : { index: 0, text: text ?? '', logprobs: null, finish_reason: finish };
   async function* gen() {
     if (chat) yield { ...base(), choices: [{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] };
+    // With tools, text that may still open a call is held (see CALL_OPENERS).
+    let held = tools ? '' : null;
     try {
       for await (const t of stream) {
-        if (t.text) yield { ...base(), choices: [choice(t.text, null)] };
+        if (!t.text) continue;
+        if (held !== null) {
+          held += t.text;
+          if (mayBeCall(held)) continue;
+          const text = held;
+          held = null;
+          yield { ...base(), choices: [choice(text, null)] };
+        } else {
+          yield { ...base(), choices: [choice(t.text, null)] };
+        }
       }
     } finally {
       stream.stop();
     }
     const s = await stream.stats;
+    if (s.toolCalls?.length) {
+      if (s.content) yield { ...base(), choices: [choice(s.content, null)] };
+      const calls = toolCallsOf(s.toolCalls).map((c, index) => ({ index, ...c }));
+      yield { ...base(), choices: [{ index: 0, delta: { tool_calls: calls }, logprobs: null, finish_reason: null }] };
+    } else if (held) {
+      yield { ...base(), choices: [choice(held, null)] };
+    }
     yield { ...base(), choices: [choice(null, finishReason(s.finishReason))], ...(includeUsage ? {} : { usage: usageOf(s) }) };
     if (includeUsage) yield { ...base(), choices: [], usage: usageOf(s) };
   }

@@ -43,12 +43,27 @@ const TEMPLATE_FUEL_PER_BYTE: u64 = 1;
 /// every turn's markers, far below what would exhaust memory (1 MiB is ~250k tokens).
 const TEMPLATE_OUTPUT_BYTES: usize = 1 << 20;
 
-/// One message of a conversation. `role` is `system`, `user` or `assistant` (templates may
-/// accept others, e.g. `tool`).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// One message of a conversation. `role` is `system`, `user`, `assistant` or `tool` (a tool's
+/// result). An assistant message may carry OpenAI's `tool_calls`
+/// (`[{id, type: "function", function: {name, arguments}}]`, `arguments` a JSON string or an
+/// object); a tool message its `tool_call_id` and `name`. `content` may be null (an assistant
+/// message that only calls tools).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChatMessage {
     pub role: String,
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
+    use serde::Deserialize;
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
 }
 
 impl ChatMessage {
@@ -56,6 +71,7 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            ..Default::default()
         }
     }
     pub fn system(content: impl Into<String>) -> Self {
@@ -68,12 +84,45 @@ impl ChatMessage {
         Self::new("assistant", content)
     }
 
-    /// The `{role, content}` map a template sees.
+    /// A tool's result, answering the call `tool_call_id`.
+    pub fn tool(content: impl Into<String>, tool_call_id: impl Into<String>) -> Self {
+        ChatMessage {
+            tool_call_id: Some(tool_call_id.into()),
+            ..Self::new("tool", content)
+        }
+    }
+
+    /// The map a template sees: `role`, `content`, and `tool_calls` / `tool_call_id` / `name`
+    /// when set. Templates (Qwen's, Llama's) write a call's arguments with `tojson`, so a JSON
+    /// string of arguments (OpenAI's form) is handed over parsed.
     fn to_value(&self) -> minijinja::Value {
-        minijinja::Value::from_pairs([
-            ("role", self.role.as_str()),
-            ("content", self.content.as_str()),
-        ])
+        let mut m = serde_json::Map::new();
+        m.insert("role".into(), self.role.clone().into());
+        m.insert("content".into(), self.content.clone().into());
+        if let Some(calls) = &self.tool_calls {
+            let calls: Vec<serde_json::Value> = calls
+                .iter()
+                .map(|c| {
+                    let mut c = c.clone();
+                    if let Some(f) = c.get_mut("function") {
+                        if let Some(s) = f.get("arguments").and_then(|a| a.as_str()) {
+                            if let Ok(v) = serde_json::from_str::<serde_json::Value>(s) {
+                                f["arguments"] = v;
+                            }
+                        }
+                    }
+                    c
+                })
+                .collect();
+            m.insert("tool_calls".into(), calls.into());
+        }
+        if let Some(id) = &self.tool_call_id {
+            m.insert("tool_call_id".into(), id.clone().into());
+        }
+        if let Some(n) = &self.name {
+            m.insert("name".into(), n.clone().into());
+        }
+        minijinja::Value::from(minijinja::value::Serde(&m))
     }
 }
 
@@ -134,18 +183,36 @@ impl Builtin {
     pub fn source(self) -> &'static str {
         match self {
             Builtin::Gemma => {
+                // Gemma 3's own template defines no tool syntax. With `tools`, this one lists them
+                // before the first user message and asks for a fenced JSON call; a call the model
+                // made is written back the same way and a tool's result is a user turn holding a
+                // ```tool_result block (see `tools::ToolSyntax::Fenced`).
                 r#"{%- set ns = namespace(system='') -%}
+{%- if tools -%}
+  {%- set ns.system = 'You can call these functions; each one\'s arguments follow its JSON Schema:\n' -%}
+  {%- for t in tools -%}{%- set ns.system = ns.system + (t | tojson) + '\n' -%}{%- endfor -%}
+  {%- set ns.system = ns.system + 'To call one, answer with nothing but\n```tool_call\n{"name": "NAME", "arguments": {ARGUMENTS}}\n```\nA call\'s result comes back in a ```tool_result block.\n\n' -%}
+{%- endif -%}
 {%- for message in messages -%}
   {%- if message.role == 'system' -%}
     {%- set ns.system = ns.system + message.content | trim -%}
   {%- else -%}
-    {%- set role = 'model' if message.role == 'assistant' else message.role -%}
+    {%- set role = 'model' if message.role == 'assistant' else ('user' if message.role == 'tool' else message.role) -%}
     {{- '<start_of_turn>' + role + '\n' -}}
     {%- if ns.system and role != 'model' -%}
-      {{- ns.system + '\n\n' -}}
+      {{- ns.system | trim + '\n\n' -}}
       {%- set ns.system = '' -%}
     {%- endif -%}
-    {{- message.content | trim + '<end_of_turn>\n' -}}
+    {%- if message.role == 'tool' -%}
+      {{- '```tool_result\n' + message.content | trim + '\n```' -}}
+    {%- else -%}
+      {{- message.content | trim -}}
+    {%- endif -%}
+    {%- for tc in message.tool_calls or [] -%}
+      {%- set f = tc.function if tc.function is defined else tc -%}
+      {{- ('\n' if loop.first and message.content | trim else '') + '```tool_call\n{"name": ' + (f.name | tojson) + ', "arguments": ' + (f.arguments | tojson) + '}\n```' + ('' if loop.last else '\n') -}}
+    {%- endfor -%}
+    {{- '<end_of_turn>\n' -}}
   {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"#
@@ -157,8 +224,28 @@ impl Builtin {
 {%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}{%- endif -%}"#
             }
             Builtin::ChatMl => {
-                r#"{%- for message in messages -%}
-{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}
+                // With `tools`: a system block listing them in <tools> and asking for
+                // <tool_call> JSON (Qwen's convention, `tools::ToolSyntax::Hermes`); a tool's
+                // result goes back in a user turn inside <tool_response>.
+                r#"{%- if tools -%}
+  {{- '<|im_start|>system\n' -}}
+  {%- if messages[0].role == 'system' -%}{{- messages[0].content + '\n\n' -}}{%- endif -%}
+  {{- 'Functions you can call, with the JSON Schema of their arguments:\n<tools>\n' -}}
+  {%- for t in tools -%}{{- (t | tojson) + '\n' -}}{%- endfor -%}
+  {{- '</tools>\nTo call one, answer with\n<tool_call>\n{"name": "NAME", "arguments": {ARGUMENTS}}\n</tool_call><|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+  {%- if tools and loop.first and message.role == 'system' -%}
+  {%- elif message.role == 'tool' -%}
+    {{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' -}}
+  {%- else -%}
+    {{- '<|im_start|>' + message.role + '\n' + message.content -}}
+    {%- for tc in message.tool_calls or [] -%}
+      {%- set f = tc.function if tc.function is defined else tc -%}
+      {{- ('\n' if message.content or not loop.first else '') + '<tool_call>\n{"name": ' + (f.name | tojson) + ', "arguments": ' + (f.arguments | tojson) + '}\n</tool_call>' -}}
+    {%- endfor -%}
+    {{- '<|im_end|>\n' -}}
+  {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"#
             }
@@ -267,10 +354,27 @@ impl ChatTemplate {
     /// A template that spends its fuel or writes past the output cap is refused
     /// (`INVALID_ARGUMENT`, naming which bound it hit).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// The tool-call syntax this template defines (`None`: it takes no tools).
+    pub fn tool_syntax(&self) -> Option<super::tools::ToolSyntax> {
+        super::tools::ToolSyntax::detect(&self.source)
+    }
+
+    /// [`Self::render`] with OpenAI's `tools` (`[{type: "function", function: {name,
+    /// description, parameters}}]`) in the template's `tools` variable (undefined when `None`).
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let text_bytes: usize = messages
             .iter()
             .map(|m| m.role.len() + m.content.len())
-            .sum();
+            .sum::<usize>()
+            + tools.map_or(0, |t| t.iter().map(|v| v.to_string().len()).sum());
         let fuel = TEMPLATE_FUEL
             + TEMPLATE_FUEL_PER_MESSAGE * messages.len() as u64
             + TEMPLATE_FUEL_PER_BYTE * text_bytes as u64;
@@ -283,12 +387,15 @@ impl ChatTemplate {
                 format!("the chat template does not parse: {}", describe(&e)),
             )
         })?;
-        let ctx = minijinja::context! {
+        let mut ctx = minijinja::context! {
             messages => messages.iter().map(ChatMessage::to_value).collect::<Vec<_>>(),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
+        if let Some(t) = tools {
+            ctx = minijinja::context! { tools => minijinja::Value::from(minijinja::value::Serde(t)), ..ctx };
+        }
         let mut out = CappedWriter {
             buf: Vec::new(),
             cap,
@@ -622,6 +729,110 @@ mod tests {
         assert_eq!(
             t.render(&[ChatMessage::user("  hi ")], false).unwrap(),
             "HI"
+        );
+    }
+
+    fn weather_tool() -> serde_json::Value {
+        serde_json::json!({"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+    }
+
+    /// A conversation with a call and its result, as OpenAI clients send it.
+    fn tool_conv() -> Vec<ChatMessage> {
+        let call: ChatMessage = serde_json::from_value(serde_json::json!({"role": "assistant", "content": null,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}))
+        .unwrap();
+        vec![
+            ChatMessage::user("Weather in Paris?"),
+            call,
+            ChatMessage::tool("{\"temp\": 21}", "c1"),
+        ]
+    }
+
+    #[test]
+    fn templates_render_tools_calls_and_results() {
+        let tools = [weather_tool()];
+        // Qwen 2.5's own template: tools in <tools>, the call in <tool_call>, the result in
+        // <tool_response>.
+        let t = ChatTemplate::new(fixture("qwen2.5"), "", "<|im_end|>").unwrap();
+        assert_eq!(
+            t.tool_syntax(),
+            Some(super::super::tools::ToolSyntax::Hermes)
+        );
+        let out = t
+            .render_with_tools(&tool_conv(), Some(&tools), true)
+            .unwrap();
+        assert!(
+            out.contains(
+                "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""
+            ),
+            "{out}"
+        );
+        assert!(out.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>"), "{out}");
+        assert!(out.contains("<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{out}");
+        // Without tools the template renders as before.
+        assert_eq!(
+            t.render_with_tools(&conv(), None, true).unwrap(),
+            t.render(&conv(), true).unwrap()
+        );
+
+        // Llama 3.2's: the tools in the first user turn, the call as {"name", "parameters"}.
+        let t = ChatTemplate::new(fixture("llama3.2"), "<|begin_of_text|>", "<|eot_id|>").unwrap();
+        assert_eq!(
+            t.tool_syntax(),
+            Some(super::super::tools::ToolSyntax::Llama3)
+        );
+        let out = t
+            .render_with_tools(&tool_conv(), Some(&tools), true)
+            .unwrap();
+        assert!(out.contains("\"name\": \"get_weather\""), "{out}");
+        assert!(
+            out.contains("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "<|start_header_id|>ipython<|end_header_id|>\n\n\"{\\\"temp\\\": 21}\"<|eot_id|>"
+            ) || out.contains(
+                "<|start_header_id|>ipython<|end_header_id|>\n\n{\"temp\": 21}<|eot_id|>"
+            ),
+            "{out}"
+        );
+
+        // The Gemma built-in: the fenced convention.
+        let t = ChatTemplate::builtin(Builtin::Gemma, "<bos>", "<eos>");
+        assert_eq!(
+            t.tool_syntax(),
+            Some(super::super::tools::ToolSyntax::Fenced)
+        );
+        let out = t
+            .render_with_tools(&tool_conv(), Some(&tools), true)
+            .unwrap();
+        assert!(
+            out.starts_with("<start_of_turn>user\nYou can call these functions"),
+            "{out}"
+        );
+        assert!(out.contains("Weather in Paris?<end_of_turn>\n<start_of_turn>model\n```tool_call\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```<end_of_turn>\n\
+             <start_of_turn>user\n```tool_result\n{\"temp\": 21}\n```<end_of_turn>\n<start_of_turn>model\n"), "{out}");
+        // The ChatML built-in: Qwen's convention.
+        let t = ChatTemplate::builtin(Builtin::ChatMl, "", "");
+        assert_eq!(
+            t.tool_syntax(),
+            Some(super::super::tools::ToolSyntax::Hermes)
+        );
+        let out = t
+            .render_with_tools(&tool_conv(), Some(&tools), true)
+            .unwrap();
+        assert!(
+            out.starts_with("<|im_start|>system\nFunctions you can call"),
+            "{out}"
+        );
+        assert!(out.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n\
+             <|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{out}");
+        // The Llama 3 built-in defines no tool syntax.
+        assert_eq!(
+            ChatTemplate::builtin(Builtin::Llama3, "", "").tool_syntax(),
+            None
         );
     }
 }

@@ -241,6 +241,12 @@ impl Constraint {
         self.matcher.consume_token(token).map_err(|e| self.error(e))
     }
 
+    /// The tokens the grammar forces next (the only continuation it allows, e.g. a JSON key or a
+    /// tool call's `{"name": "`), committed already; empty when the next token is a choice.
+    pub fn take_forced(&mut self) -> Vec<u32> {
+        self.matcher.consume_ff_tokens()
+    }
+
     /// Whether the output so far is complete for the grammar (end of generation allowed).
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)

@@ -7,6 +7,7 @@
 //! - [`constraint`]: structured output (JSON Schema, Lark, regex, GBNF) as a per-step token mask.
 //! - [`chat`]: chat templates (the GGUF's Jinja template, or a built-in one per architecture).
 //! - [`open`]: one way to open a model (template, context clamp, defaults) for the CLI and JS.
+//! - [`tools`]: tool calls: the call syntax per family, its grammar and its parser.
 
 pub mod bench;
 pub mod chat;
@@ -16,3 +17,4 @@ pub mod open;
 pub mod sampler;
 pub mod score;
 pub mod session;
+pub mod tools;

@@ -70,8 +70,17 @@ impl OpenedModel {
     /// A BOS the template wrote is dropped when the tokenizer adds one itself (as llama.cpp
     /// does), and special-token texts are parsed as the special tokens.
     pub fn chat_tokens(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        self.chat_tokens_with_tools(messages, None)
+    }
+
+    /// [`Self::chat_tokens`] with OpenAI's `tools` handed to the template.
+    pub fn chat_tokens_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<Vec<u32>> {
         let t = self.template.as_ref().map_err(Clone::clone)?;
-        let text = t.render(messages, true)?;
+        let text = t.render_with_tools(messages, tools, true)?;
         let text = if self.tok.add_bos() {
             strip_leading_bos(&text, &t.bos_token)
         } else {

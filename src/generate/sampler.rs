@@ -286,6 +286,19 @@ impl Sampler {
         self.constraint = Some(constraint);
     }
 
+    /// The tokens the constraint forces next, committed to it and accepted into the history
+    /// (empty without a constraint).
+    pub fn take_forced(&mut self) -> Vec<u32> {
+        let forced = match self.constraint.as_mut() {
+            Some(c) => c.take_forced(),
+            None => return Vec::new(),
+        };
+        for &t in &forced {
+            self.accept(t);
+        }
+        forced
+    }
+
     pub fn constraint_mut(&mut self) -> Option<&mut Constraint> {
         self.constraint.as_mut()
     }

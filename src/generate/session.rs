@@ -560,9 +560,14 @@ impl Session {
         let mut input: Vec<u32> = prompt.to_vec();
         // Ids sampled ahead by a chained greedy run, not yet handed out.
         let mut ahead: std::collections::VecDeque<u32> = std::collections::VecDeque::new();
+        // Ids a constraint forces (fixed text such as a JSON key): handed out without a step
+        // each, then fed to the model in one batch with the token before them, the way a prompt
+        // is. Never together with `ahead` (a constraint does not chain on the GPU).
+        let mut forced: std::collections::VecDeque<u32> = sampler.take_forced().into();
         let finish;
         loop {
-            let id = match ahead.pop_front() {
+            let from_forced = !forced.is_empty();
+            let id = match forced.pop_front().or_else(|| ahead.pop_front()) {
                 Some(id) => id,
                 None => {
                     let left = if opts.max_tokens > 0 {
@@ -615,7 +620,12 @@ impl Session {
                 self.rewind(extra)?;
                 break;
             }
-            input = vec![id];
+            if from_forced {
+                input.push(id);
+            } else {
+                input = vec![id];
+                forced.extend(sampler.take_forced());
+            }
         }
         let tail = stop.flush(&detok.flush());
         if !tail.is_empty() {

@@ -34,6 +34,7 @@ use crate::generate::constraint::ConstraintSpec;
 use crate::generate::open::{OpenedModel, DEFAULT_MAX_TOKENS};
 use crate::generate::sampler::SamplerParams;
 use crate::generate::session::{GenerateOptions, Session, SessionOptions};
+use crate::generate::tools::{parse_tools, ToolCall, ToolChoice, ToolSyntax};
 use crate::gpu::{GpuContext, GpuLimits, LimitRequest};
 use crate::loader::{LoadedModel, MemoryPlan, StreamLoader};
 use crate::model::HParams;
@@ -88,6 +89,11 @@ struct GenOptions {
     response_format: Option<serde_json::Value>,
     /// `{lark}`, `{gbnf}` or `{regex}`.
     grammar: Option<GrammarOption>,
+    /// Chat only: OpenAI's `tools` (`[{type: 'function', function: {name, description,
+    /// parameters}}]`), rendered by the template; calls are constrained and parsed back.
+    tools: Option<Vec<serde_json::Value>>,
+    /// `'none' | 'auto' | 'required' | {type: 'function', function: {name}}` (default auto).
+    tool_choice: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -285,6 +291,12 @@ struct GenStats {
     context_size: u32,
     /// CPU time of the constraint's token masks, ms per token (0 without responseFormat/grammar).
     mask_ms_per_token: f64,
+    /// With `tools`: the calls parsed from the answer (`finishReason` is then `'tool_calls'`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<ToolCall>>,
+    /// With `tools`: the answer's text outside its calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<String>,
 }
 
 // ---------------------------------------------------------------- the class
@@ -819,14 +831,52 @@ async fn generate(
     t0: f64,
 ) -> Result<JsValue> {
     // Bad options fail before the session is touched.
-    let gopts = opts.to_generate()?;
+    let mut gopts = opts.to_generate()?;
+    let tools = opts.tools.as_deref().filter(|t| !t.is_empty());
+    if tools.is_none() && opts.tool_choice.as_ref().is_some_and(|c| c != "none") {
+        return Err(Error::invalid("toolChoice needs tools"));
+    }
+    // The call syntax to parse the answer with (tools given and calls allowed).
+    let mut parse_with: Option<ToolSyntax> = None;
     let tokens = match &input {
+        Input::Raw(_) if tools.is_some() => {
+            return Err(Error::invalid(
+                "tools need a chat (messages and the model's chat template), not a raw prompt",
+            ))
+        }
         Input::Raw(p) => core.opened.tok.encode(
             p,
             opts.add_special.unwrap_or(true),
             opts.parse_special.unwrap_or(true),
         ),
-        Input::Chat(messages) => core.opened.chat_tokens(messages)?,
+        Input::Chat(messages) => {
+            let t = core.opened.template.as_ref().map_err(Clone::clone)?;
+            if let Some(tools) = tools {
+                let syntax = t.tool_syntax().ok_or_else(|| {
+                    Error::invalid(
+                        "this model's chat template defines no tool-call syntax, so tools cannot be used",
+                    )
+                })?;
+                let parsed = parse_tools(tools)?;
+                let choice = ToolChoice::from_json(opts.tool_choice.as_ref())?;
+                // A marker that is a control token is named as a token by the grammar.
+                let tok = &core.opened.tok;
+                let special = |s: &str| {
+                    tok.token_id(s)
+                        .is_some_and(|id| tok.token_bytes(id).is_empty())
+                };
+                if let Some(spec) = syntax.grammar(&parsed, &choice, &special)? {
+                    if gopts.constraint.is_some() {
+                        return Err(Error::invalid(
+                            "responseFormat or grammar cannot be combined with tools (unless toolChoice is 'none')",
+                        ));
+                    }
+                    gopts.constraint = Some(spec);
+                    parse_with = Some(syntax);
+                }
+            }
+            core.opened.chat_tokens_with_tools(messages, tools)?
+        }
     };
     if tokens.is_empty() {
         return Err(Error::invalid("the prompt is empty"));
@@ -850,9 +900,13 @@ async fn generate(
 
     let mut js_err: Option<JsValue> = None;
     let mut first_ms: Option<f64> = None;
+    let mut answer = String::new();
     let mut cb = |id: Option<u32>, text: &str| -> bool {
         if first_ms.is_none() {
             first_ms = Some(js_sys::Date::now() - t0);
+        }
+        if parse_with.is_some() {
+            answer.push_str(text);
         }
         // Disposed during the generation: stop at once.
         if state.borrow().is_none() {
@@ -876,6 +930,16 @@ async fn generate(
         )));
     }
     core.ctx.check_errors()?;
+    let (mut tool_calls, mut content, mut finish_reason) =
+        (None, None, stats.finish_reason.clone());
+    if let Some(syntax) = parse_with {
+        let (text, calls) = syntax.parse(&answer);
+        if !calls.is_empty() && finish_reason == "stop" {
+            finish_reason = "tool_calls".into();
+        }
+        tool_calls = Some(calls);
+        content = Some(text);
+    }
     let out = GenStats {
         prompt_tokens: tokens.len() as u32,
         reused_tokens: keep as u32,
@@ -885,12 +949,14 @@ async fn generate(
         decode_tok_s: stats.decode_tok_s,
         first_token_ms: first_ms.unwrap_or(0.0),
         total_ms: js_sys::Date::now() - t0,
-        finish_reason: stats.finish_reason.clone(),
+        finish_reason,
         context_shifts: stats.context_shifts,
         total_context_shifts: session.shifts,
         n_past: session.n_past(),
         context_size: session.options().n_ctx,
         mask_ms_per_token: stats.mask_ms_per_token,
+        tool_calls,
+        content,
     };
     to_js(&out)
 }

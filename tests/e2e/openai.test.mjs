@@ -7,13 +7,13 @@ import OpenAI from 'openai';
 import { addOpenaiApi } from '../../js/openai.js';
 
 /** An engine that answers every prompt with `pieces`, recording the options it was given. */
-function scriptedEngine(pieces, finishReason = 'stop') {
+function scriptedEngine(pieces, finishReason = 'stop', extraStats = {}) {
   const calls = [];
   const stream = (input, options) => {
     calls.push({ input, options });
     let i = 0;
     let stopped = false;
-    const stats = { promptTokens: 7, generatedTokens: pieces.length, finishReason };
+    const stats = { promptTokens: 7, generatedTokens: pieces.length, finishReason, ...extraStats };
     return {
       stats: Promise.resolve(stats),
       stop() {
@@ -105,10 +105,10 @@ test('openai client: completions and models', async () => {
 test('openai client: unsupported fields are INVALID_ARGUMENT errors (HTTP 400)', async () => {
   const engine = scriptedEngine(['x']);
   const c = client(engine);
-  for (const extra of [{ n: 2 }, { logprobs: true }, { no_such_field: 1 }, { tools: [{ type: 'function', function: { name: 'f' } }] }]) {
+  for (const extra of [{ n: 2 }, { logprobs: true }, { no_such_field: 1 }, { tools: { f: 1 } }]) {
     await assert.rejects(
       c.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], ...extra }),
-      (e) => e.status === 400 && e.code === 'INVALID_ARGUMENT' && /not supported|only one/.test(e.message),
+      (e) => e.status === 400 && e.code === 'INVALID_ARGUMENT' && /not supported|only one|must be an array/.test(e.message),
       JSON.stringify(extra),
     );
   }
@@ -116,4 +116,58 @@ test('openai client: unsupported fields are INVALID_ARGUMENT errors (HTTP 400)',
   await assert.rejects(engine.chat.completions.create({ messages: [] }), (e) => e.code === 'INVALID_ARGUMENT');
   const r = await engine.fetch('http://cera.local/v1/nothing', { method: 'POST', body: '{}' });
   assert.equal(r.status, 404);
+});
+
+const weatherTool = { type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } };
+const callText = ['<tool_call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>'];
+const callStats = { toolCalls: [{ name: 'get_weather', arguments: { city: 'Paris' } }], content: '' };
+
+test('openai client: tool calls, not streamed, and the round trip messages', async () => {
+  const engine = scriptedEngine(callText, 'tool_calls', callStats);
+  const c = client(engine);
+  const messages = [{ role: 'user', content: 'Weather in Paris?' }];
+  const r = await c.chat.completions.create({ model: 'x', messages, tools: [weatherTool], tool_choice: 'required' });
+  const msg = r.choices[0].message;
+  assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  assert.equal(msg.content, null);
+  assert.equal(msg.tool_calls.length, 1);
+  assert.equal(msg.tool_calls[0].type, 'function');
+  assert.equal(msg.tool_calls[0].function.name, 'get_weather');
+  assert.deepEqual(JSON.parse(msg.tool_calls[0].function.arguments), { city: 'Paris' });
+  assert.deepEqual(engine.calls[0].options.tools, [weatherTool]);
+  assert.equal(engine.calls[0].options.toolChoice, 'required');
+  // The call and its result go back as messages; the engine gets them in its own shape.
+  await c.chat.completions.create({
+    model: 'x',
+    messages: [...messages, msg, { role: 'tool', tool_call_id: msg.tool_calls[0].id, content: '{"temp": 21}' }],
+    tools: [weatherTool],
+  });
+  const sent = engine.calls[1].input;
+  assert.deepEqual(sent[1], { role: 'assistant', content: '', tool_calls: msg.tool_calls });
+  assert.deepEqual(sent[2], { role: 'tool', content: '{"temp": 21}', tool_call_id: msg.tool_calls[0].id });
+});
+
+test('openai client: tool calls streamed as delta.tool_calls; plain text with tools still streams', async () => {
+  const engine = scriptedEngine(callText, 'tool_calls', callStats);
+  const stream = await client(engine).chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], tools: [weatherTool], stream: true });
+  const chunks = [];
+  for await (const ch of stream) chunks.push(ch);
+  assert.equal(chunks.map((ch) => ch.choices[0]?.delta?.content ?? '').join(''), '', 'the call is not streamed as text');
+  const calls = chunks.flatMap((ch) => ch.choices[0]?.delta?.tool_calls ?? []);
+  assert.equal(calls.length, 1);
+  assert.equal(calls[0].index, 0);
+  assert.equal(calls[0].function.name, 'get_weather');
+  assert.deepEqual(JSON.parse(calls[0].function.arguments), { city: 'Paris' });
+  assert.equal(chunks.find((ch) => ch.choices[0]?.finish_reason).choices[0].finish_reason, 'tool_calls');
+  // The openai helper that accumulates a stream agrees.
+  const engine2 = scriptedEngine(callText, 'tool_calls', callStats);
+  const runner = client(engine2).chat.completions.stream({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], tools: [weatherTool] });
+  const final = await runner.finalChatCompletion();
+  assert.equal(final.choices[0].message.tool_calls[0].function.name, 'get_weather');
+
+  const text = scriptedEngine(['Sun', 'ny.'], 'stop', { toolCalls: [], content: 'Sunny.' });
+  const s2 = await client(text).chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], tools: [weatherTool], stream: true });
+  const pieces = [];
+  for await (const ch of s2) if (ch.choices[0]?.delta?.content) pieces.push(ch.choices[0].delta.content);
+  assert.deepEqual(pieces, ['Sun', 'ny.'], 'text that cannot open a call is not held back');
 });

@@ -1,7 +1,8 @@
 // Structured output and the OpenAI-shaped API in headless Chromium (WebGPU on SwiftShader) with
 // the real Gemma 3 270M: the official `openai` client talks to the engine through `engine.fetch`
 // (a JSON schema at temperature 1, then a streamed json_object answer), and the worker engine
-// takes a Lark grammar. Outputs are validated here with Ajv, not by the code under test.
+// takes a Lark grammar; a tool call makes the round trip (call parsed, result sent back as a tool
+// message, final answer). Outputs are validated here with Ajv, not by the code under test.
 // SwiftShader runs a decode step in ~2.5 s: generations are short and timed. Needs `scripts/build`.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -135,4 +136,76 @@ test('worker engine: a Lark grammar, and a bad grammar is INVALID_ARGUMENT', { t
   assert.match(r.text, /^The answer is [0-9]{1,3}\.$/);
   assert.equal(r.error?.code, 'INVALID_ARGUMENT');
   assert.match(r.error.message, /line 2/);
+});
+
+test('openai client: a tool call round trip on the real model', { timeout: 600_000 }, async () => {
+  const t0 = Date.now();
+  const tool = {
+    type: 'function',
+    function: {
+      name: 'get_weather',
+      description: 'The weather in a city',
+      // An enum keeps the call short: every token is a decode step of a few seconds here.
+      parameters: { type: 'object', properties: { city: { enum: ['Paris', 'Oslo'] } }, required: ['city'], additionalProperties: false },
+    },
+  };
+  const r = await page.evaluate(async (tool) => {
+    const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+    const first = await window.client.chat.completions.create({
+      model: 'gemma',
+      messages,
+      tools: [tool],
+      tool_choice: { type: 'function', function: { name: 'get_weather' } },
+      temperature: 0,
+      max_tokens: 32,
+    });
+    const t1 = Date.now();
+    const call = first.choices[0].message;
+    const second = await window.client.chat.completions.create({
+      model: 'gemma',
+      messages: [...messages, call, { role: 'tool', tool_call_id: call.tool_calls?.[0]?.id ?? 'none', content: '{"sky": "sunny", "celsius": 21}' }],
+      tools: [tool],
+      // The final answer in words: no further call.
+      tool_choice: 'none',
+      temperature: 0,
+      max_tokens: 6,
+    });
+    // Bad tool requests fail before anything runs, with a reason.
+    const errors = [];
+    for (const extra of [
+      { tool_choice: { type: 'function', function: { name: 'nope' } } },
+      { response_format: { type: 'json_object' } },
+      { tools: [{ type: 'function', function: { name: 'bad name' } }] },
+      { tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { type: 'no-such-type' } } } } }], tool_choice: 'required' },
+    ]) {
+      try {
+        await window.client.chat.completions.create({ model: 'gemma', messages, tools: [tool], max_tokens: 2, ...extra });
+        errors.push(null);
+      } catch (e) {
+        errors.push({ status: e.status, code: e.code, message: e.message });
+      }
+    }
+    return { first, second, secondMs: Date.now() - t1, errors };
+  }, tool);
+  log(`bad tool requests: ${JSON.stringify(r.errors.map((e) => e?.message))}`);
+  for (const [i, e] of r.errors.entries()) {
+    assert.ok(e && e.status === 400 && e.code === 'INVALID_ARGUMENT', `bad request ${i}: ${JSON.stringify(e)}`);
+  }
+  assert.match(r.errors[0].message, /nope/);
+  assert.match(r.errors[1].message, /cannot be combined with tools/);
+  assert.match(r.errors[2].message, /name/);
+  assert.match(r.errors[3].message, /invalid/i);
+  const call = r.first.choices[0].message;
+  log(`tool call in ${Date.now() - t0 - r.secondMs} ms (${r.first.usage.completion_tokens} tokens): ${JSON.stringify(call.tool_calls)}; answer in ${r.secondMs} ms: ${JSON.stringify(r.second.choices[0].message.content)}`);
+  assert.equal(r.first.choices[0].finish_reason, 'tool_calls');
+  assert.equal(call.tool_calls.length, 1);
+  assert.equal(call.tool_calls[0].function.name, 'get_weather');
+  const args = JSON.parse(call.tool_calls[0].function.arguments);
+  const validate = new Ajv().compile(tool.function.parameters);
+  assert.ok(validate(args), JSON.stringify(validate.errors));
+  // The result went back through the template: a longer prompt, and an answer in text.
+  assert.ok(r.second.usage.prompt_tokens > r.first.usage.prompt_tokens);
+  assert.ok(['stop', 'length'].includes(r.second.choices[0].finish_reason));
+  const m = r.second.choices[0].message;
+  assert.ok(typeof m.content === 'string' && m.content.length > 0 && !m.tool_calls, JSON.stringify(m));
 });
