@@ -285,7 +285,7 @@ async fn teacher_forced() {
     // About a second per token on the CPU-emulated GPUs: natively every prompt; in Chrome (slower:
     // the test suite's time budget) the short one and `code` (167 tokens, 138 clear positions).
     // The long one (722 tokens, which crosses the 512-token sliding window and is scored past it)
-    // runs natively only: its prefill costs over four times `code`'s in Chrome, and what it adds
+    // runs natively only: its prefill costs almost four times `code`'s in Chrome, and what it adds
     // there is already proven in Chrome by the attention tests (a 512-cell window crossed in
     // prefill and decode, `gemma_window512_*`, against a CPU reference), while the host code that
     // picks each layer's window is the same Rust natively, with the same tolerances here.
