@@ -14,8 +14,12 @@ use serde_json::json;
 use std::sync::Arc;
 
 fn env() -> (Arc<Tokenizer>, ConstraintEnv) {
-    let p =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf");
+    // `npm test` names the fetched model in CERA_TEST_MODEL; by default it is in models/.
+    let p = std::env::var("CERA_TEST_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf")
+        });
     let (header, _) = cera_web::loader::read_header_file(&p)
         .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-model)", p.display()));
     let tok = Arc::new(Tokenizer::from_gguf(&header).unwrap());
