@@ -27,7 +27,7 @@ function count(fn, log, ...args) {
 test('an unknown CERA_TEST_ONLY fails at once and names the phases', () => {
   const r = spawnSync('bash', ['scripts/test'], { cwd: root, encoding: 'utf8', env: { ...process.env, CERA_TEST_ONLY: 'nativ' }, timeout: 30_000 });
   assert.equal(r.status, 2, r.stderr);
-  assert.match(r.stderr, /unknown CERA_TEST_ONLY=nativ \(one of: native, chrome, package, e2e\)/);
+  assert.match(r.stderr, /unknown CERA_TEST_ONLY=nativ \(one of: lint, native, chrome, package, e2e\)/);
   assert.doesNotMatch(r.stdout + r.stderr, /\[setup\]|SUMMARY/, 'nothing was set up or run');
 });
 
