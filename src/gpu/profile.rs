@@ -34,8 +34,9 @@ pub fn in_pass(ctx: &GpuContext) -> bool {
         .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
 }
 
-/// Read back `count` resolved timestamps of `set` as ticks.
-async fn resolve(
+/// Submit `enc` with the `count` timestamps of `set` resolved after its work, and read them back
+/// as ticks.
+pub(crate) async fn resolve(
     ctx: &GpuContext,
     mut enc: wgpu::CommandEncoder,
     set: &wgpu::QuerySet,

@@ -225,30 +225,19 @@ async fn time_batch(
             record(&mut pass);
         }
     }
-    let resolve = set.as_ref().map(|set| {
-        let buf = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("bench resolve"),
-            size: 16,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        enc.resolve_query_set(set, 0..2, &buf, 0);
-        buf
-    });
-    let cmd = enc.finish();
-    let t0 = now_ms();
-    ctx.submit([cmd]);
-    read_buffer(ctx, sync, 0, 4).await?;
-    let wall = (now_ms() - t0) / 1e3;
-    match resolve {
-        Some(buf) => {
-            let raw = read_buffer(ctx, &buf, 0, 16).await?;
-            let t =
-                |i: usize| u64::from_le_bytes(raw[8 * i..8 * i + 8].try_into().expect("8 bytes"));
-            let ticks = t(1).saturating_sub(t(0));
-            Ok(ticks as f64 * ctx.queue.get_timestamp_period() as f64 / 1e9)
+    match set {
+        Some(set) => {
+            let ticks = crate::gpu::profile::resolve(ctx, enc, &set, 2).await?;
+            let span = ticks[1].saturating_sub(ticks[0]);
+            Ok(span as f64 * ctx.queue.get_timestamp_period() as f64 / 1e9)
         }
-        None => Ok(wall),
+        None => {
+            let cmd = enc.finish();
+            let t0 = now_ms();
+            ctx.submit([cmd]);
+            read_buffer(ctx, sync, 0, 4).await?;
+            Ok((now_ms() - t0) / 1e3)
+        }
     }
 }
 
@@ -423,17 +412,8 @@ pub async fn dispatch_floor_us(ctx: &GpuContext, n: u32) -> Result<Option<(f64, 
                     pass.dispatch_workgroups(1, 1, 1);
                 }
             }
-            let buf = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("floor resolve"),
-                size: 16,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
-            enc.resolve_query_set(&set, 0..2, &buf, 0);
-            ctx.submit([enc.finish()]);
-            let raw = read_buffer(ctx, &buf, 0, 16).await?;
-            let t0 = u64::from_le_bytes(raw[0..8].try_into().expect("8 bytes"));
-            let t1 = u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes"));
+            let ticks = crate::gpu::profile::resolve(ctx, enc, &set, 2).await?;
+            let (t0, t1) = (ticks[0], ticks[1]);
             best = best.min(t1.saturating_sub(t0) as f64 * period / 1e3 / n as f64);
         }
         result[i] = best;
