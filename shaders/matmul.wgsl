@@ -20,6 +20,8 @@
 //   more often than the bytes needed, and W at a third of copy bandwidth.
 //   UNROLL (with WORDS): items a lane decodes per loop step (a constant trip count the compiler
 //   unrolls, so their loads are in flight together).
+//   W_VEC4 (with WORDS, Q8_0 / Q4_K / Q5_K): W is bound as vec4 and an item is 16 bytes, one
+//   load (quant_decls.tmpl); the host sets it only where every row starts on a 16-byte boundary.
 //   XVEC4: X is bound as vec4 (16-byte loads); the host sets it only when X[t, 0] is a multiple
 //   of 4 elements for every token (x_offset and cols multiples of 4).
 //   X_GLU (with SILU or GELU): X is a gated unit's output computed on the fly, X = act(G) * U,
@@ -68,7 +70,11 @@ struct MatmulParams {
 }
 
 @group(0) @binding(0) var<uniform> p: MatmulParams;
+#ifdef W_VEC4
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>; // (rows, row_words / 4): as below
+#else
 @group(0) @binding(1) var<storage, read> w: array<u32>;       // (rows, row_words): this part, GPU layout
+#endif
 #ifdef XVEC4
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>; // (n_tokens, x_stride / 4) from x_offset / 4
 #else

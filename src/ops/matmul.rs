@@ -30,6 +30,7 @@ use super::{Variant, WgslParams};
 use crate::error::{Error, ErrorCode, Result};
 use crate::gguf::GgmlType;
 use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
+use crate::quant::gpu::gpu_row_bytes;
 
 pub const SHADER: &str = "matmul.wgsl";
 pub const ENTRY: &str = "matmul";
@@ -137,6 +138,9 @@ pub struct MatmulConfig {
     pub subgroup: bool,
     /// Read X as vec4 (`XVEC4`); set per call by [`MatmulConfig::for_x`], never by hand.
     pub x_vec4: bool,
+    /// Read W as vec4, an item per 16-byte load (`W_VEC4`); set per weight by
+    /// [`MatmulConfig::for_w`], never by hand.
+    pub w_vec4: bool,
     /// Items each lane of an interleaved team decodes per loop step (`UNROLL`: their loads are
     /// independent, so this many are in flight per lane).
     pub unroll: u32,
@@ -152,6 +156,7 @@ impl MatmulConfig {
             interleaved: false,
             subgroup: false,
             x_vec4: false,
+            w_vec4: false,
             unroll: 4,
         }
     }
@@ -180,6 +185,7 @@ impl MatmulConfig {
             interleaved: true,
             subgroup: true,
             x_vec4: false,
+            w_vec4: false,
             unroll: 4,
         }
     }
@@ -260,6 +266,13 @@ impl MatmulConfig {
         self
     }
 
+    /// This shape for one weight: 16-byte items where the interleaved kernel has them for the
+    /// type ([`w_vec4_items`]).
+    pub fn for_w(mut self, ty: GgmlType, cols: u64) -> Self {
+        self.w_vec4 = self.interleaved && w_vec4_items(ty, cols).is_some();
+        self
+    }
+
     pub fn rows_per_workgroup(&self) -> u32 {
         self.workgroup_size / self.threads_per_row
     }
@@ -280,6 +293,7 @@ impl std::fmt::Display for MatmulConfig {
             (self.interleaved, "words"),
             (self.subgroup, "sg"),
             (self.x_vec4, "xvec4"),
+            (self.w_vec4, "wvec4"),
         ] {
             if on {
                 write!(f, " {name}")?;
@@ -292,8 +306,8 @@ impl std::fmt::Display for MatmulConfig {
 impl std::str::FromStr for MatmulConfig {
     type Err = Error;
 
-    /// Parse what `Display` writes (fields separated by spaces or commas, any order; `xvec4` is
-    /// decided per call and ignored).
+    /// Parse what `Display` writes (fields separated by spaces or commas, any order; `xvec4` and
+    /// `wvec4` are decided per call and ignored).
     fn from_str(s: &str) -> Result<Self> {
         let mut cfg = MatmulConfig::simple(1);
         for part in s.split([' ', ',']).filter(|p| !p.is_empty()) {
@@ -313,7 +327,7 @@ impl std::str::FromStr for MatmulConfig {
                 cfg.interleaved = true;
             } else if part == "sg" {
                 cfg.subgroup = true;
-            } else if part != "xvec4" {
+            } else if part != "xvec4" && part != "wvec4" {
                 return Err(Error::invalid(format!("matmul config {s:?}: unknown field {part:?} (want e.g. \"wg256 tpr16 nt1 words sg\")")));
             }
         }
@@ -321,10 +335,27 @@ impl std::str::FromStr for MatmulConfig {
     }
 }
 
-/// Items per row of the interleaved kernel (`items()` in `quant_decls.tmpl`): a quant word for
-/// the legacy and 4/5-bit K types, a unit for the float types and Q6_K.
+/// Items per row of the interleaved kernel with 16-byte items (`W_VEC4` in `quant_decls.tmpl`),
+/// for the types that have them and where every row starts on a 16-byte boundary: Q4_K and Q5_K
+/// always (144- and 176-byte blocks), Q8_0 where its quants-then-scales row is a multiple of 16
+/// bytes (a multiple of 8 blocks; the 8B-class shapes are, Gemma 3 270M's 640 is not).
+pub fn w_vec4_items(ty: GgmlType, cols: u64) -> Option<u64> {
+    use GgmlType::*;
+    match ty {
+        Q4K | Q5K => Some(cols / 32),
+        Q8_0 if gpu_row_bytes(ty, cols).is_multiple_of(16) => Some(cols / 16),
+        _ => None,
+    }
+}
+
+/// Items per row of the interleaved kernel (`items()` in `quant_decls.tmpl`): four quant words
+/// where [`w_vec4_items`] allows, else a quant word for the legacy and 4/5-bit K types, a unit
+/// for the float types and Q6_K.
 pub fn items_per_row(ty: GgmlType, cols: u64) -> u64 {
     use GgmlType::*;
+    if let Some(n) = w_vec4_items(ty, cols) {
+        return n;
+    }
     match ty {
         Q8_0 => cols / 4,
         Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4K | Q5K => cols / 8,
@@ -367,6 +398,7 @@ pub fn key(ty: GgmlType, cfg: MatmulConfig) -> Result<PipelineKey> {
         (cfg.interleaved, "WORDS"),
         (cfg.subgroup, "SUBGROUP"),
         (cfg.x_vec4, "XVEC4"),
+        (cfg.w_vec4 && cfg.interleaved, "W_VEC4"),
     ] {
         if on {
             k = k.define(name, "");
@@ -408,11 +440,14 @@ pub fn variants() -> Vec<Variant> {
     for (tpr, nt) in [(8, 1), (16, 1), (32, 1), (16, 8)] {
         for subgroup in [false, true] {
             for x_vec4 in [false, true] {
-                shapes.push(MatmulConfig {
-                    subgroup,
-                    x_vec4,
-                    ..MatmulConfig::team(256, tpr, nt)
-                });
+                for w_vec4 in [false, true] {
+                    shapes.push(MatmulConfig {
+                        subgroup,
+                        x_vec4,
+                        w_vec4,
+                        ..MatmulConfig::team(256, tpr, nt)
+                    });
+                }
             }
         }
     }
@@ -875,7 +910,7 @@ fn prepare_full(
     }
     let ctx = rec.ctx;
     let delta = glu.map_or(0, |g| g.1);
-    let mut cfg = cfg.fit(ctx).for_x(io.x_offset, w.cols);
+    let mut cfg = cfg.fit(ctx).for_x(io.x_offset, w.cols).for_w(w.ty, w.cols);
     cfg.x_vec4 &= io.x_stride.is_multiple_of(4) && delta.is_multiple_of(4) && pre.is_none();
     let key = match pre {
         Some(pre) => {
