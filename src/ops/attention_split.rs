@@ -88,9 +88,31 @@ impl SplitConfig {
 
     /// 128 threads, chunks of 32 cells, teams of 16. Gemma 3 270M's decode (4 heads, head_dim
     /// 256 as 64 vec4) then runs 32 partial workgroups at 256 cells and 500 at 4000; a team
-    /// reads a K row as 16 lanes x 4 vec4, eight cells at a time. Not yet tuned on a GPU.
+    /// reads a K row as 16 lanes x 4 vec4, eight cells at a time.
+    ///
+    /// Native builds read `CERA_ATTN_SPLIT=WG,CHUNK,TEAM` instead when it is set, so that
+    /// `cera bench` can compare shapes on a GPU without a rebuild (docs/benchmarking.md).
     pub fn for_device(_ctx: &GpuContext) -> Self {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Ok(v) = std::env::var("CERA_ATTN_SPLIT") {
+            match Self::parse(&v) {
+                Some(cfg) => return cfg,
+                None => eprintln!("CERA_ATTN_SPLIT={v:?} is not WG,CHUNK,TEAM; using the default"),
+            }
+        }
         Self::new(128, 32, 16)
+    }
+
+    /// `WG,CHUNK,TEAM`, three positive integers.
+    pub fn parse(s: &str) -> Option<Self> {
+        let v: Vec<u32> = s
+            .split(',')
+            .map(|x| x.trim().parse().ok().filter(|&n| n > 0))
+            .collect::<Option<_>>()?;
+        match v[..] {
+            [wg, chunk, team] => Some(Self::new(wg, chunk, team)),
+            _ => None,
+        }
     }
 
     /// Clamp to the device and the head size: a power-of-two workgroup within the limits and at
@@ -381,4 +403,27 @@ pub fn prepare(
         grid_2d(pairs, max_dim)?,
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SplitConfig;
+
+    #[test]
+    fn parse_reads_three_positive_numbers() {
+        assert_eq!(
+            SplitConfig::parse("256, 8,32"),
+            Some(SplitConfig::new(256, 8, 32))
+        );
+        for bad in [
+            "",
+            "128,32",
+            "128,32,16,4",
+            "128,0,16",
+            "a,b,c",
+            "128,-1,16",
+        ] {
+            assert_eq!(SplitConfig::parse(bad), None, "{bad:?}");
+        }
+    }
 }
