@@ -22,6 +22,9 @@
 //   unrolls, so their loads are in flight together).
 //   W_VEC4 (with WORDS, Q8_0 / Q4_K / Q5_K): W is bound as vec4 and an item is 16 bytes, one
 //   load (quant_decls.tmpl); the host sets it only where every row starts on a 16-byte boundary.
+//   ROWS (with W_VEC4, SUBGROUP and NT = 1): a team takes NR rows, r, r + RPW, ... and reads
+//   each item's X once for all of them (quant_decls.tmpl `item_rows`); a workgroup covers
+//   RPW * NR rows. For large decode GEMVs, where reading X once per row bound the kernel.
 //   XVEC4: X is bound as vec4 (16-byte loads); the host sets it only when X[t, 0] is a multiple
 //   of 4 elements for every token (x_offset and cols multiples of 4).
 //   X_GLU (with SILU or GELU): X is a gated unit's output computed on the fly, X = act(G) * U,
@@ -278,12 +281,56 @@ fn accqm(d: f32, m: f32, q: vec4<f32>, col: u32) {
 }
 #define QUANT_ITEMS
 #endif
+#ifdef ROWS
+var<private> accr: array<f32, NR>; // sums of the team's NR rows (this lane's share)
+#endif
 #include "quant_decls.tmpl"
 
 #ifdef COOP
 #ifndef SUBGROUP
 var<workgroup> red: array<f32, WG_SIZE * NT>; // (WG_SIZE, NT) partial sums
 #endif
+#endif
+
+#ifdef ROWS
+// The ROWS body: team `slot` of workgroup g takes rows r0 + k * RPW, k < NR, of token t.
+fn rows_main(g: u32, lane: u32, slot: u32) {
+    let t = g / p.row_groups;
+    let r0 = (g % p.row_groups) * RPW * NR + slot;
+    xbase = p.x_offset + t * p.x_stride;
+    for (var k = 0u; k < NR; k++) {
+        accr[k] = 0.0;
+    }
+    if r0 < p.rows && t < p.n_tokens {
+        // Rows past the part's end read clamped or zero words (WGSL bounds every access) and
+        // are never written.
+        let rb = r0 * p.row_words;
+        let rs = RPW * p.row_words;
+        let n = items();
+        var j = lane;
+        for (; j + (UNROLL - 1u) * TPR < n; j += UNROLL * TPR) {
+            for (var u = 0u; u < UNROLL; u++) {
+                item_rows(rb, rs, j + u * TPR);
+            }
+        }
+        for (; j < n; j += TPR) {
+            item_rows(rb, rs, j);
+        }
+    }
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        for (var k = 0u; k < NR; k++) {
+            accr[k] += subgroupShuffleXor(accr[k], s);
+        }
+    }
+    if lane == 0u {
+        for (var k = 0u; k < NR; k++) {
+            let r = r0 + k * RPW;
+            if r < p.rows && t < p.n_tokens {
+                y[p.y_offset + t * p.y_stride + r] = accr[k];
+            }
+        }
+    }
+}
 #endif
 
 @compute @workgroup_size(WG_SIZE)
@@ -303,6 +350,10 @@ fn matmul(
     pre_sg = vec3<u32>(sg_lane, sg_id, sg_size);
 #endif
     prenorm(lid, g);
+#endif
+#ifdef ROWS
+    rows_main(g, sg_lane % TPR, sg_id * (sg_size / TPR) + sg_lane / TPR);
+    return;
 #endif
     let t0 = (g / p.row_groups) * NT;
 #ifdef SUBGROUP

@@ -46,7 +46,7 @@ fn tolerance(ty: GgmlType) -> f64 {
 /// cooperative units, and row teams (the GPU decision: interleaved items, subgroup shuffles
 /// where the adapter has them and the team fits a subgroup, workgroup memory otherwise), GEMV
 /// and GEMM, plus small odd ones (3 tokens per thread, 4 rows per workgroup).
-const SHAPES: [MatmulConfig; 10] = [
+const SHAPES: [MatmulConfig; 12] = [
     MatmulConfig::simple(1),
     MatmulConfig::simple(8),
     MatmulConfig::cooperative(256, 8, 1),
@@ -59,6 +59,16 @@ const SHAPES: [MatmulConfig; 10] = [
     MatmulConfig {
         subgroup: false,
         ..MatmulConfig::team(64, 4, 1)
+    },
+    // Several rows per team (only where 16-byte items and subgroups exist, one row elsewhere;
+    // teams of 8 so that adapters with 8-lane subgroups, as lavapipe, run them).
+    MatmulConfig {
+        rows_per_team: 4,
+        ..MatmulConfig::team(256, 8, 1)
+    },
+    MatmulConfig {
+        rows_per_team: 2,
+        ..MatmulConfig::team(64, 8, 1)
     },
 ];
 
@@ -252,6 +262,10 @@ async fn check_glu(ty: GgmlType) {
         MatmulConfig::simple(1),
         MatmulConfig::team(256, 16, 1),
         MatmulConfig::cooperative(64, 4, 3),
+        MatmulConfig {
+            rows_per_team: 4,
+            ..MatmulConfig::team(256, 8, 1)
+        },
     ];
     for act in [Activation::Silu, Activation::GeluTanh] {
         for (n_tokens, x_off) in [(1u32, 4u64), (3, 5)] {
@@ -448,6 +462,10 @@ async fn check_prenorm(ty: GgmlType) {
             Some(MatmulConfig {
                 subgroup: false,
                 ..MatmulConfig::team(64, 8, 1)
+            }),
+            Some(MatmulConfig {
+                rows_per_team: 2,
+                ..MatmulConfig::team(256, 8, 1)
             }),
         ];
         for mode in 0..3 {

@@ -141,6 +141,10 @@ pub struct MatmulConfig {
     /// Read W as vec4, an item per 16-byte load (`W_VEC4`); set per weight by
     /// [`MatmulConfig::for_w`], never by hand.
     pub w_vec4: bool,
+    /// Rows per team (`ROWS`, `NR`): each item's X is read once for this many rows. Only with
+    /// 16-byte items, subgroups and one token per invocation; [`MatmulConfig::fit`] and
+    /// [`MatmulConfig::for_w`] set it back to 1 elsewhere.
+    pub rows_per_team: u32,
     /// Items each lane of an interleaved team decodes per loop step (`UNROLL`: their loads are
     /// independent, so this many are in flight per lane).
     pub unroll: u32,
@@ -157,6 +161,7 @@ impl MatmulConfig {
             subgroup: false,
             x_vec4: false,
             w_vec4: false,
+            rows_per_team: 1,
             unroll: 4,
         }
     }
@@ -186,6 +191,7 @@ impl MatmulConfig {
             subgroup: true,
             x_vec4: false,
             w_vec4: false,
+            rows_per_team: 1,
             unroll: 4,
         }
     }
@@ -212,7 +218,19 @@ impl MatmulConfig {
         let by_rows = (GEMV_THREADS / rows.max(1)).next_power_of_two();
         let by_items = (items_per_row(ty, cols) / 4).max(1).next_power_of_two();
         let tpr = by_rows.min(by_items).clamp(8, 32) as u32;
-        Self::team(ctx.limits.workgroup_size(256), tpr, 1).fit(ctx)
+        // Rows per team where the weight has 16-byte items: as many (up to 4) as keep a quarter
+        // of GEMV_THREADS threads (each then has NR rows' loads in flight).
+        let mut nr = 1u32;
+        if w_vec4_items(ty, cols).is_some() {
+            while nr < 4 && rows / (2 * nr as u64) * tpr as u64 >= GEMV_THREADS / 4 {
+                nr *= 2;
+            }
+        }
+        Self {
+            rows_per_team: nr,
+            ..Self::team(ctx.limits.workgroup_size(256), tpr, 1)
+        }
+        .fit(ctx)
     }
 
     /// The GEMM shape for this device (8 tokens per invocation).
@@ -241,6 +259,7 @@ impl MatmulConfig {
         self.tokens_per_thread = self.tokens_per_thread.max(1);
         self.interleaved &= tpr > 1;
         self.unroll = self.unroll.clamp(1, 16);
+        self.rows_per_team = self.rows_per_team.clamp(1, 8).next_power_of_two();
         self.subgroup &= tpr > 1
             && ctx.features.contains(wgpu::Features::SUBGROUP)
             && tpr <= ctx.adapter.subgroup_min_size
@@ -254,6 +273,9 @@ impl MatmulConfig {
             && self.tokens_per_thread > 1
         {
             self.tokens_per_thread /= 2;
+        }
+        if !(self.subgroup && self.interleaved && self.tokens_per_thread == 1) {
+            self.rows_per_team = 1;
         }
         self
     }
@@ -270,11 +292,15 @@ impl MatmulConfig {
     /// type ([`w_vec4_items`]).
     pub fn for_w(mut self, ty: GgmlType, cols: u64) -> Self {
         self.w_vec4 = self.interleaved && w_vec4_items(ty, cols).is_some();
+        if !self.w_vec4 {
+            self.rows_per_team = 1;
+        }
         self
     }
 
+    /// Rows a workgroup covers: its teams times the rows of each.
     pub fn rows_per_workgroup(&self) -> u32 {
-        self.workgroup_size / self.threads_per_row
+        self.workgroup_size / self.threads_per_row * self.rows_per_team
     }
 }
 
@@ -288,6 +314,9 @@ impl std::fmt::Display for MatmulConfig {
         )?;
         if self.interleaved && self.unroll != 4 {
             write!(f, " u{}", self.unroll)?;
+        }
+        if self.rows_per_team > 1 {
+            write!(f, " r{}", self.rows_per_team)?;
         }
         for (on, name) in [
             (self.interleaved, "words"),
@@ -323,6 +352,8 @@ impl std::str::FromStr for MatmulConfig {
                 cfg.tokens_per_thread = v;
             } else if let Some(v) = num("u") {
                 cfg.unroll = v;
+            } else if let Some(v) = num("r") {
+                cfg.rows_per_team = v;
             } else if part == "words" {
                 cfg.interleaved = true;
             } else if part == "sg" {
@@ -333,6 +364,11 @@ impl std::str::FromStr for MatmulConfig {
         }
         Ok(cfg)
     }
+}
+
+/// Whether `ty` has 16-byte items at all (for some shapes).
+fn w_vec4_type(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q5K)
 }
 
 /// Items per row of the interleaved kernel with 16-byte items (`W_VEC4` in `quant_decls.tmpl`),
@@ -398,7 +434,7 @@ pub fn key(ty: GgmlType, cfg: MatmulConfig) -> Result<PipelineKey> {
         (cfg.interleaved, "WORDS"),
         (cfg.subgroup, "SUBGROUP"),
         (cfg.x_vec4, "XVEC4"),
-        (cfg.w_vec4 && cfg.interleaved, "W_VEC4"),
+        (cfg.w_vec4 && cfg.interleaved && w_vec4_type(ty), "W_VEC4"),
     ] {
         if on {
             k = k.define(name, "");
@@ -406,6 +442,11 @@ pub fn key(ty: GgmlType, cfg: MatmulConfig) -> Result<PipelineKey> {
     }
     if cfg.interleaved {
         k = k.define("UNROLL", format!("{}u", cfg.unroll));
+    }
+    if cfg.rows_per_team > 1 && cfg.w_vec4 && cfg.subgroup && cfg.interleaved && w_vec4_type(ty) {
+        k = k
+            .define("ROWS", "")
+            .define("NR", format!("{}u", cfg.rows_per_team));
     }
     Ok(k)
 }
@@ -437,6 +478,13 @@ pub fn variants() -> Vec<Variant> {
         unroll: 8,
         ..MatmulConfig::team(256, 32, 1)
     });
+    for (tpr, nr) in [(8, 4), (32, 2), (16, 8)] {
+        shapes.push(MatmulConfig {
+            w_vec4: true,
+            rows_per_team: nr,
+            ..MatmulConfig::team(256, tpr, 1)
+        });
+    }
     for (tpr, nt) in [(8, 1), (16, 1), (32, 1), (16, 8)] {
         for subgroup in [false, true] {
             for x_vec4 in [false, true] {
@@ -798,7 +846,9 @@ pub const PRENORM_MAX_VALUES: u64 = 1 << 20;
 /// Whether a decode GEMV of `w` in the engine's shape should compute its X with a [`PreNorm`]:
 /// it fits ([`prenorm_fits`]) and its workgroups read at most [`PRENORM_MAX_VALUES`] values.
 pub fn prenorm_worth(ctx: &GpuContext, w: &GpuTensor) -> bool {
-    let cfg = MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols).fit(ctx);
+    let cfg = MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols)
+        .fit(ctx)
+        .for_w(w.ty, w.cols);
     let workgroups: u64 = w
         .parts
         .iter()
@@ -927,7 +977,7 @@ fn prepare_full(
     };
     let pipe = ctx.pipeline(&key)?;
     let wg = pipe.decisions.workgroup_size;
-    let rpw = wg / key_u32(&pipe.key, "TPR");
+    let rpw = wg / key_u32(&pipe.key, "TPR") * key_u32(&pipe.key, "NR");
     let nt = key_u32(&pipe.key, "NT");
     let too_big = |what: &str, v: u64| {
         Error::invalid(format!(
