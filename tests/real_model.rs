@@ -133,7 +133,7 @@ async fn check_on(ctx: cera_web::gpu::GpuContext) {
         model.plan.buffers,
         model.plan.split_tensors
     );
-    if ctx.limits.max_binding() < 178_257_920 {
+    if ctx.limits.max_binding() < 262_144 * 688 {
         assert!(
             model.tensor("token_embd.weight").unwrap().parts.len() >= 2,
             "token_embd must split under this binding limit"

@@ -216,7 +216,17 @@ impl MatmulConfig {
             return Self::simple(1);
         }
         let by_rows = (GEMV_THREADS / rows.max(1)).next_power_of_two();
-        let by_items = (items_per_row(ty, cols) / 4).max(1).next_power_of_two();
+        // At least 4 words a lane: 4 items, or one 16-byte item (measured on an H200: with
+        // 16-byte items, 4 a lane left Gemma 3 270M's 640- and 2048-wide GEMVs on 8- and
+        // 16-lane teams, and those latency-bound GEMVs ran up to 2x slower than on 32).
+        let per_lane = if w_vec4_items(ty, cols).is_some() {
+            1
+        } else {
+            4
+        };
+        let by_items = (items_per_row(ty, cols) / per_lane)
+            .max(1)
+            .next_power_of_two();
         let tpr = by_rows.min(by_items).clamp(8, 32) as u32;
         // Rows per team where the weight has 16-byte items: as many (up to 4) as keep a quarter
         // of GEMV_THREADS threads (each then has NR rows' loads in flight).
@@ -373,8 +383,8 @@ fn w_vec4_type(ty: GgmlType) -> bool {
 
 /// Items per row of the interleaved kernel with 16-byte items (`W_VEC4` in `quant_decls.tmpl`),
 /// for the types that have them and where every row starts on a 16-byte boundary: Q4_K and Q5_K
-/// always (144- and 176-byte blocks), Q8_0 where its quants-then-scales row is a multiple of 16
-/// bytes (a multiple of 8 blocks; the 8B-class shapes are, Gemma 3 270M's 640 is not).
+/// (144- and 176-byte blocks) and Q8_0 (rows padded to 16 bytes, `quant::gpu`), whatever the
+/// width; the check stays for a layout that would not be.
 pub fn w_vec4_items(ty: GgmlType, cols: u64) -> Option<u64> {
     use GgmlType::*;
     match ty {
