@@ -206,41 +206,50 @@ impl MatmulConfig {
         }
     }
 
-    /// The GEMV shape for a weight of `ty`, `rows x cols`, on this device: teams as large as it
-    /// takes for about [`GEMV_THREADS`] threads in flight (a GPU streams memory at full speed
-    /// only with enough loads in flight), 8 to 32 lanes and at least 4 items a lane. Measured on
-    /// an H200: a 128256-row output head ran fastest with 8-lane teams and a 4096- or 14336-row
-    /// matrix with 32-lane ones (with 8, its 448 workgroups of 32 rows left most of the GPU idle).
+    /// The GEMV shape for a weight of `ty`, `rows x cols`, on this device.
+    ///
+    /// Word items: teams as large as it takes for about [`GEMV_THREADS`] threads in flight (a GPU
+    /// streams memory at full speed only with enough loads in flight), 8 to 32 lanes and at least
+    /// 4 items a lane. Measured on an H200: a 128256-row output head ran fastest with 8-lane
+    /// teams and a 4096- or 14336-row matrix with 32-lane ones (with 8, its 448 workgroups of 32
+    /// rows left most of the GPU idle).
+    ///
+    /// 16-byte items ([`w_vec4_items`]): from a sweep on an H200 (us per GEMV, best first):
+    /// - latency-bound shapes (Gemma 3 270M's, Llama 3 8B's k/v) want the most lanes, one item
+    ///   each or more, and one row a team (8B k/v Q8_0: 32 lanes 6.4, with 2 rows 7.2, 16 lanes
+    ///   9.6);
+    /// - Q8_0 with 2048 rows or more gains from 2 rows a team (8B q 12.5 -> 9.8, down 37.4 ->
+    ///   34.8), and with 16384 or more from 4, with about 8 items a lane (8B gate/up 41.1 ->
+    ///   24.3 at 32 lanes; the 8B head 283 -> 144 at 32 lanes; the 270M head, 40 items a row,
+    ///   122 -> 58 at 8 lanes);
+    /// - Q4_K/Q5_K spend more on decoding than on X: 4 rows a team pay only on output heads
+    ///   (8B head 285 -> 234-244), and cost elsewhere (8B down 37.2 -> 50.0).
     pub fn gemv_for(ctx: &GpuContext, ty: GgmlType, rows: u64, cols: u64) -> Self {
         if is_cpu_adapter(ctx) {
             return Self::simple(1);
         }
-        let by_rows = (GEMV_THREADS / rows.max(1)).next_power_of_two();
-        // At least 4 words a lane: 4 items, or one 16-byte item (measured on an H200: with
-        // 16-byte items, 4 a lane left Gemma 3 270M's 640- and 2048-wide GEMVs on 8- and
-        // 16-lane teams, and those latency-bound GEMVs ran up to 2x slower than on 32).
-        let per_lane = if w_vec4_items(ty, cols).is_some() {
-            1
-        } else {
-            4
-        };
-        let by_items = (items_per_row(ty, cols) / per_lane)
-            .max(1)
-            .next_power_of_two();
-        let tpr = by_rows.min(by_items).clamp(8, 32) as u32;
-        // Rows per team where the weight has 16-byte items: as many (up to 4) as keep a quarter
-        // of GEMV_THREADS threads (each then has NR rows' loads in flight).
-        let mut nr = 1u32;
-        if w_vec4_items(ty, cols).is_some() {
-            while nr < 4 && rows / (2 * nr as u64) * tpr as u64 >= GEMV_THREADS / 4 {
-                nr *= 2;
+        let wg = ctx.limits.workgroup_size(256);
+        if let Some(items) = w_vec4_items(ty, cols) {
+            let lanes =
+                |per_lane: u64| (items / per_lane).max(1).next_power_of_two().clamp(8, 32) as u32;
+            let q8 = ty == GgmlType::Q8_0;
+            let (tpr, nr) = if rows >= 65536 || (q8 && rows >= 16384) {
+                (lanes(8), 4)
+            } else if q8 && rows >= 2048 {
+                (lanes(1), 2)
+            } else {
+                (lanes(1), 1)
+            };
+            return Self {
+                rows_per_team: nr,
+                ..Self::team(wg, tpr, 1)
             }
+            .fit(ctx);
         }
-        Self {
-            rows_per_team: nr,
-            ..Self::team(ctx.limits.workgroup_size(256), tpr, 1)
-        }
-        .fit(ctx)
+        let by_rows = (GEMV_THREADS / rows.max(1)).next_power_of_two();
+        let by_items = (items_per_row(ty, cols) / 4).max(1).next_power_of_two();
+        let tpr = by_rows.min(by_items).clamp(8, 32) as u32;
+        Self::team(wg, tpr, 1).fit(ctx)
     }
 
     /// The GEMM shape for this device (8 tokens per invocation).
