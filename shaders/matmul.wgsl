@@ -41,6 +41,9 @@
 //   pre-norm folded into the projection that reads them: one dispatch instead of two. Every
 //   workgroup repeats the norm over cols values (a few reads of L2-resident vectors); XW4 =
 //   cols / 4 sizes the workgroup array (cols a multiple of 4).
+//   GLU_WG (with X_GLU, NT = 1, cols a multiple of 4): every workgroup first computes its token's
+//   X = act(G) * U into workgroup memory (XW4 = cols / 4 vec4), instead of once per row. X_WG is
+//   set with GLU_WG and with X_PRENORM: X is read from that workgroup array.
 //   SUBGROUP (with COOP): the team's partial sums are added with subgroupShuffleXor, no
 //   workgroup memory and no barrier. Lanes and rows then come from the subgroup builtins, so a
 //   team is TPR consecutive invocations of one subgroup whatever the hardware's mapping; the host
@@ -206,24 +209,33 @@ var<private> nt: u32;              // tokens this thread writes (<= NT)
 #ifndef XVEC4
 // X at element index i (scalar binding).
 fn xs(i: u32) -> f32 {
-#ifdef X_PRENORM
+#ifdef X_WG
     return xw4[i >> 2u][i & 3u];
 #else
+    return xs_mem(i);
+#endif
+}
+// X at element index i as the bindings hold it (X_GLU: the gated unit computed here).
+fn xs_mem(i: u32) -> f32 {
 #ifdef X_GLU
     return act(x[i]) * xu[i + p.xu_delta];
 #else
     return x[i];
-#endif
 #endif
 }
 #endif
 
 // X[t, col .. col + 4] at element index i = xbase + t * x_stride + col.
 fn xv(i: u32) -> vec4<f32> {
-#ifdef X_PRENORM
+#ifdef X_WG
     // i is a multiple of 4 here: every item and unit starts at a multiple of 4 values.
     return xw4[i >> 2u];
 #else
+    return xv_mem(i);
+#endif
+}
+// xv from the bindings (X_GLU: the gated unit computed here).
+fn xv_mem(i: u32) -> vec4<f32> {
 #ifdef XVEC4
 #ifdef X_GLU
     return act4(x[i >> 2u]) * xu[(i + p.xu_delta) >> 2u];
@@ -231,10 +243,22 @@ fn xv(i: u32) -> vec4<f32> {
     return x[i >> 2u];
 #endif
 #else
-    return vec4<f32>(xs(i), xs(i + 1u), xs(i + 2u), xs(i + 3u));
-#endif
+    return vec4<f32>(xs_mem(i), xs_mem(i + 1u), xs_mem(i + 2u), xs_mem(i + 3u));
 #endif
 }
+
+#ifdef GLU_WG
+var<workgroup> xw4: array<vec4<f32>, XW4>; // X of this workgroup's token, from glu_prologue
+// xw4 = act(G) * U of the token whose X starts at element `base`: each workgroup computes the
+// gated unit once, not once per row (a GELU per value and row was most of a small down
+// projection's time). Called by every invocation (it has a barrier).
+fn glu_prologue(lid: u32, base: u32) {
+    for (var i4 = lid; i4 < XW4; i4 += WG_SIZE) {
+        xw4[i4] = xv_mem(base + 4u * i4);
+    }
+    workgroupBarrier();
+}
+#endif
 
 // acc[t] += dot(wv, X[t, col .. col + 4]) for each token of the tile.
 fn acc4(wv: vec4<f32>, col: u32) {
@@ -298,6 +322,9 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
     let t = g / p.row_groups;
     let r0 = (g % p.row_groups) * RPW * NR + slot;
     xbase = p.x_offset + t * p.x_stride;
+#ifdef GLU_WG
+    xbase = 0u; // X is in xw4
+#endif
     for (var k = 0u; k < NR; k++) {
         accr[k] = 0.0;
     }
@@ -351,6 +378,9 @@ fn matmul(
 #endif
     prenorm(lid, g);
 #endif
+#ifdef GLU_WG
+    glu_prologue(lid, p.x_offset + (g / p.row_groups) * NT * p.x_stride);
+#endif
 #ifdef ROWS
     rows_main(g, sg_lane % TPR, sg_id * (sg_size / TPR) + sg_lane / TPR);
     return;
@@ -372,6 +402,9 @@ fn matmul(
         nt = min(NT, p.n_tokens - t0);
     }
     xbase = p.x_offset + t0 * p.x_stride;
+#ifdef GLU_WG
+    xbase = 0u; // X is in xw4
+#endif
     for (var t = 0u; t < NT; t++) {
         acc[t] = 0.0;
     }

@@ -266,6 +266,11 @@ async fn check_glu(ty: GgmlType) {
             rows_per_team: 4,
             ..MatmulConfig::team(256, 8, 1)
         },
+        // The gated unit per row instead of once per workgroup (the fallback for wide X).
+        MatmulConfig {
+            glu_prologue: false,
+            ..MatmulConfig::team(256, 16, 1)
+        },
     ];
     for act in [Activation::Silu, Activation::GeluTanh] {
         for (n_tokens, x_off) in [(1u32, 4u64), (3, 5)] {

@@ -145,6 +145,9 @@ pub struct MatmulConfig {
     /// 16-byte items, subgroups and one token per invocation; [`MatmulConfig::fit`] and
     /// [`MatmulConfig::for_w`] set it back to 1 elsewhere.
     pub rows_per_team: u32,
+    /// A GEMV whose X is a gated unit (`X_GLU`) computes it once per workgroup into workgroup
+    /// memory (`GLU_WG`) where [`glu_prologue_fits`] allows.
+    pub glu_prologue: bool,
     /// Items each lane of an interleaved team decodes per loop step (`UNROLL`: their loads are
     /// independent, so this many are in flight per lane).
     pub unroll: u32,
@@ -162,6 +165,7 @@ impl MatmulConfig {
             x_vec4: false,
             w_vec4: false,
             rows_per_team: 1,
+            glu_prologue: false,
             unroll: 4,
         }
     }
@@ -176,6 +180,7 @@ impl MatmulConfig {
         MatmulConfig {
             interleaved: false,
             subgroup: false,
+            glu_prologue: false,
             ..Self::team(workgroup_size, threads_per_row, tokens_per_thread)
         }
     }
@@ -192,6 +197,7 @@ impl MatmulConfig {
             x_vec4: false,
             w_vec4: false,
             rows_per_team: 1,
+            glu_prologue: true,
             unroll: 4,
         }
     }
@@ -536,6 +542,11 @@ pub fn variants() -> Vec<Variant> {
                 x_vec4: true,
                 ..MatmulConfig::team(256, 32, 1)
             },
+            MatmulConfig {
+                w_vec4: true,
+                rows_per_team: 4,
+                ..MatmulConfig::team(256, 8, 1)
+            },
         ] {
             for act in [Activation::Silu, Activation::GeluTanh] {
                 let k = key_glu(ty, cfg, Some(act)).expect("every listed type has a define");
@@ -544,6 +555,14 @@ pub fn variants() -> Vec<Variant> {
                     entry: k.entry,
                     defines: k.defines,
                 });
+                if cfg.glu_prologue {
+                    let k = key_glu_prologue(ty, cfg, act, 256).expect("as above");
+                    v.push(Variant {
+                        shader: k.shader,
+                        entry: k.entry,
+                        defines: k.defines,
+                    });
+                }
             }
         }
         // X normed by the prologue (decode), plain, with a residual add, with a post-norm.
@@ -802,6 +821,36 @@ pub fn key_glu(ty: GgmlType, cfg: MatmulConfig, glu: Option<Activation>) -> Resu
     })
 }
 
+/// [`key_glu`] with the gated unit computed once per workgroup (`GLU_WG`, `cols` values).
+pub fn key_glu_prologue(
+    ty: GgmlType,
+    cfg: MatmulConfig,
+    act: Activation,
+    cols: u64,
+) -> Result<PipelineKey> {
+    Ok(key_glu(ty, cfg, Some(act))?
+        .define("GLU_WG", "")
+        .define("X_WG", "")
+        .define("XW4", format!("{}u", cols / 4)))
+}
+
+/// Whether a GEMV in shape `cfg` (fitted) with a gated-unit X of `cols` values may compute it
+/// once per workgroup: asked for (`glu_prologue`), one token an invocation, `cols` a multiple of
+/// 4 within the workgroup storage beside the reduction's, and `workgroups x cols` within
+/// [`PRENORM_MAX_VALUES`] (past that the repeats outweigh what they save, as for the norm).
+pub fn glu_prologue_fits(ctx: &GpuContext, cfg: MatmulConfig, cols: u64, workgroups: u64) -> bool {
+    if !cfg.glu_prologue || cfg.tokens_per_thread != 1 || !cols.is_multiple_of(4) {
+        return false;
+    }
+    let red = if cfg.threads_per_row > 1 && !cfg.subgroup {
+        cfg.workgroup_size as u64 * 4
+    } else {
+        0
+    };
+    cols * 4 + red <= ctx.limits.max_compute_workgroup_storage_size as u64
+        && workgroups * cols <= PRENORM_MAX_VALUES
+}
+
 fn prepare_with(
     rec: &mut Recorder,
     cfg: MatmulConfig,
@@ -948,6 +997,7 @@ pub fn key_prenorm(
 ) -> Result<PipelineKey> {
     let mut k = key(ty, cfg)?
         .define("X_PRENORM", "")
+        .define("X_WG", "")
         .define("XW4", format!("{}u", cols / 4));
     if add {
         k = k.define("PRE_ADD", "");
@@ -992,7 +1042,18 @@ fn prepare_full(
                 add.is_some_and(|a| a.add_norm.is_some()),
             )?
         }
-        None => key_glu(w.ty, cfg, glu.map(|g| g.2))?,
+        None => match glu {
+            Some((_, _, act)) => {
+                let rpw = cfg.rows_per_workgroup() as u64;
+                let workgroups: u64 = w.parts.iter().map(|p| p.rows.div_ceil(rpw)).sum();
+                if glu_prologue_fits(ctx, cfg, w.cols, workgroups * n_tokens as u64) {
+                    key_glu_prologue(w.ty, cfg, act, w.cols)?
+                } else {
+                    key_glu(w.ty, cfg, Some(act))?
+                }
+            }
+            None => key(w.ty, cfg)?,
+        },
     };
     let pipe = ctx.pipeline(&key)?;
     let wg = pipe.decisions.workgroup_size;
