@@ -208,7 +208,8 @@ gpu_test!(rmsnorm_shapes_weights_in_place_and_fused_add, async {
     let eps = 1e-6f32;
     let mut worst = 0.0f64;
     // (rows, row_len, weight, add, in place): 1 row; odd lengths; n_embd 640 and n_ff 2048;
-    // QK-norm (T = 3 tokens x 4 heads of 256, one weight).
+    // QK-norm (T = 3 tokens x 4 heads of 256, one weight); a row past what threads keep in
+    // registers.
     let cases: &[(u32, u32, bool, bool, bool)] = &[
         (1, 37, true, false, false),
         (3, 641, true, false, false),
@@ -219,6 +220,8 @@ gpu_test!(rmsnorm_shapes_weights_in_place_and_fused_add, async {
         (1, 37, false, false, true),
         (3, 640, true, true, false),
         (2, 641, false, true, true),
+        // Past 32 values a thread at 256 threads: the strided loop instead of registers.
+        (2, 8200, true, true, false),
     ];
     for &(rows, len, weight, add, in_place) in cases {
         let what = format!("{rows}x{len} weight {weight} add {add} in place {in_place}");
@@ -297,6 +300,7 @@ gpu_test!(rmsnorm_post_norm_residual_and_pre_norm_fused, async {
         (2, 2048, false, 0.22, false),
         (1, 1, true, 1.0, false),
         (7, 640, false, 1.0, true),
+        (1, 8200, true, 0.5, false),
     ];
     for &(rows, len, norm, scale, in_place) in cases {
         let what = format!("{rows}x{len} addend norm {norm} scale {scale} in place {in_place}");

@@ -55,6 +55,21 @@ pub struct RmsNormVariant {
     pub add_norm: bool,
     pub out_is_x: bool,
     pub workgroup_size: u32,
+    /// Values each thread keeps in registers (`KEEP`, see the shader); 0 for the strided loop.
+    pub keep: u32,
+}
+
+/// The most values a thread keeps in registers ([`RmsNormVariant::keep`]).
+pub const MAX_KEEP: u32 = 32;
+
+/// [`RmsNormVariant::keep`] for rows of `row_len` at `workgroup_size`.
+pub fn keep_for(row_len: u32, workgroup_size: u32) -> u32 {
+    let keep = row_len.div_ceil(workgroup_size.max(1));
+    if keep <= MAX_KEEP {
+        keep
+    } else {
+        0
+    }
 }
 
 pub fn key(v: RmsNormVariant) -> PipelineKey {
@@ -67,6 +82,9 @@ pub fn key(v: RmsNormVariant) -> PipelineKey {
             "read"
         },
     );
+    if v.keep > 0 {
+        k = k.define("KEEP", format!("{}u", v.keep));
+    }
     for (on, name) in [
         (v.weight, "WEIGHT"),
         (v.add, "ADD"),
@@ -107,13 +125,16 @@ pub fn variants() -> Vec<Variant> {
                 add_norm,
                 out_is_x: bits & 4 != 0,
                 workgroup_size: wg,
+                keep: 0,
             };
-            let k = key(v);
-            out.push(Variant {
-                shader: k.shader,
-                entry: k.entry,
-                defines: k.defines,
-            });
+            for keep in [0, 1, 5, MAX_KEEP] {
+                let k = key(RmsNormVariant { keep, ..v });
+                out.push(Variant {
+                    shader: k.shader,
+                    entry: k.entry,
+                    defines: k.defines,
+                });
+            }
         }
     }
     out
@@ -233,6 +254,11 @@ pub fn prepare_residual(
         add_norm: add.is_some_and(|a| a.norm.is_some()),
         out_is_x: out == x,
         workgroup_size: workgroup_size(ctx),
+        keep: 0,
+    };
+    let v = RmsNormVariant {
+        keep: keep_for(row_len, v.workgroup_size),
+        ..v
     };
     let pipe = ctx.pipeline(&key(v))?;
     let params = RmsNormParams {
