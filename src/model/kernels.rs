@@ -232,8 +232,9 @@ pub fn attention_scratch(
 
 /// The feed-forward block's output `y (n, down.rows) = (act(gate) * up) W_down^T`, from gate and
 /// up side by side in `gate_up (n, 2 n_ff)`: in one dispatch (the GLU computed as the down
-/// projection reads its input) where the down projection runs the matmul kernel; a GLU dispatch
-/// (into the gate half), then the tiled GEMM, for prefill batches.
+/// projection reads its input) where the down projection runs the matmul kernel and its GEMV
+/// computes the unit once per workgroup ([`matmul::glu_fused_worth`]); otherwise a GLU dispatch
+/// (into the gate half), then the tiled GEMM for prefill batches or the GEMV for one token.
 pub fn glu_down(
     rec: &mut Recorder,
     down: &GpuTensor,
@@ -243,7 +244,8 @@ pub fn glu_down(
     act: glu::Activation,
 ) -> Result<()> {
     let n_ff = down.cols;
-    if crate::ops::gemm::use_gemm(rec.ctx, n) {
+    let unfused_gemv = n == 1 && !matmul::glu_fused_worth(rec.ctx, down);
+    if crate::ops::gemm::use_gemm(rec.ctx, n) || unfused_gemv {
         let g = View {
             buffer: gate_up,
             offset: 0,
