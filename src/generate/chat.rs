@@ -21,11 +21,16 @@
 //! cap on the rendered text, both scaled by the size of the conversation. A loop over
 //! `range(100000)` inside another, or a string doubled 64 times, ends with `INVALID_ARGUMENT`
 //! in milliseconds instead of hanging the worker or growing memory without bound. Recursion
-//! is already limited by minijinja (500 levels). Not bounded yet: a list doubled by `+` in a
-//! loop (minijinja 3.1 concatenates lists lazily without charging fuel, then materializes the
-//! 2^33-item result at once).
+//! is already limited by minijinja (500 levels). Lists are bounded too: minijinja joins lists
+//! (`+`, `chain`) lazily and charges no fuel for it, so a list doubled in a loop would describe
+//! 2^64 items in 64 steps and then be copied out at once; [`template_bounds`] guards every
+//! operand of `+` and `chain`, charging fuel for what a list holds and refusing one of more
+//! than 65,536 items plus two per message.
 
+use super::template_bounds;
 use crate::error::{Error, ErrorCode, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Fuel for one render: this much, plus [`TEMPLATE_FUEL_PER_MESSAGE`] per message and
 /// [`TEMPLATE_FUEL_PER_BYTE`] per byte of message text. Real templates stay far below it: the
@@ -39,6 +44,9 @@ const TEMPLATE_FUEL_PER_MESSAGE: u64 = 500;
 /// Per byte of text (a template may pass each message through a few filters; minijinja charges
 /// 1/64 of a unit per byte a string operation builds).
 const TEMPLATE_FUEL_PER_BYTE: u64 = 1;
+/// A list the template concatenates (`+`, `chain`) may hold this many items plus two per message:
+/// a template's lists are a few turns or tool calls; this many items take 1.5 MiB.
+const TEMPLATE_LIST_ITEMS: usize = 1 << 16;
 /// The rendered prompt may be this many bytes plus twice the conversation's text: room for
 /// every turn's markers, far below what would exhaust memory (1 MiB is ~250k tokens).
 const TEMPLATE_OUTPUT_BYTES: usize = 1 << 20;
@@ -379,14 +387,19 @@ impl ChatTemplate {
             + TEMPLATE_FUEL_PER_MESSAGE * messages.len() as u64
             + TEMPLATE_FUEL_PER_BYTE * text_bytes as u64;
         let cap = TEMPLATE_OUTPUT_BYTES + 2 * text_bytes;
+        let max_items = TEMPLATE_LIST_ITEMS + 2 * messages.len();
         let mut env = environment();
         env.set_fuel(Some(fuel));
-        let tmpl = env.template_from_str(&self.source).map_err(|e| {
+        let list_over = Arc::new(AtomicUsize::new(0));
+        template_bounds::register(&mut env, max_items, list_over.clone());
+        let unparsable = |e: minijinja::Error| {
             Error::new(
                 ErrorCode::BadGguf,
                 format!("the chat template does not parse: {}", describe(&e)),
             )
-        })?;
+        };
+        let guarded = template_bounds::guard_source(&self.source, syntax()).map_err(unparsable)?;
+        let tmpl = env.template_from_str(&guarded).map_err(unparsable)?;
         let mut ctx = minijinja::context! {
             messages => messages.iter().map(ChatMessage::to_value).collect::<Vec<_>>(),
             add_generation_prompt => add_generation_prompt,
@@ -419,6 +432,15 @@ impl ChatTemplate {
                 format!(
                     "the chat template does too much work: it ran out of its budget of {fuel} \
                      steps (a chat template needs a few thousand){}",
+                    at_line(&e)
+                ),
+            )),
+            Err(e) if list_over.load(Ordering::Relaxed) > 0 => Err(Error::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "the chat template builds a list of {} items, past its cap of {max_items} \
+                     ({TEMPLATE_LIST_ITEMS} plus two per message){}",
+                    list_over.load(Ordering::Relaxed),
                     at_line(&e)
                 ),
             )),
@@ -486,17 +508,20 @@ pub fn strip_leading_bos<'a>(rendered: &'a str, bos_token: &str) -> &'a str {
     }
 }
 
-/// A minijinja environment set up like transformers' chat template renderer.
-fn environment() -> minijinja::Environment<'static> {
-    let mut env = minijinja::Environment::new();
-    if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder()
+/// Block whitespace as transformers sets it (`trim_blocks`, `lstrip_blocks`, no trailing newline).
+fn syntax() -> minijinja::syntax::SyntaxConfig {
+    minijinja::syntax::SyntaxConfig::builder()
         .trim_blocks(true)
         .lstrip_blocks(true)
         .keep_trailing_newline(false)
         .build()
-    {
-        env.set_syntax(syntax);
-    }
+        .unwrap_or_default()
+}
+
+/// A minijinja environment set up like transformers' chat template renderer.
+fn environment() -> minijinja::Environment<'static> {
+    let mut env = minijinja::Environment::new();
+    env.set_syntax(syntax());
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function(
         "raise_exception",
