@@ -134,6 +134,30 @@ impl ChatMessage {
     }
 }
 
+/// The Jinja source of a built-in whose every turn is `open + role + mid + content + close` and
+/// whose generation prompt is the assistant's `open + "assistant" + mid`. Arguments are Jinja
+/// string text (`\n` as an escape) and the content expression.
+macro_rules! turns {
+    ($open:literal, $mid:literal, $content:literal, $close:literal) => {
+        concat!(
+            "{%- for message in messages -%}\n{{- '",
+            $open,
+            "' + message.role + '",
+            $mid,
+            "' + ",
+            $content,
+            " + '",
+            $close,
+            "' -}}\n{%- endfor -%}\n",
+            "{%- if add_generation_prompt -%}{{- '",
+            $open,
+            "assistant",
+            $mid,
+            "' -}}{%- endif -%}"
+        )
+    };
+}
+
 /// The built-in templates, for files without `tokenizer.chat_template`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Builtin {
@@ -225,12 +249,12 @@ impl Builtin {
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"#
             }
-            Builtin::Llama3 => {
-                r#"{%- for message in messages -%}
-{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\n\n' + message.content | trim + '<|eot_id|>' -}}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}{%- endif -%}"#
-            }
+            Builtin::Llama3 => turns!(
+                r"<|start_header_id|>",
+                r"<|end_header_id|>\n\n",
+                "message.content | trim",
+                r"<|eot_id|>"
+            ),
             Builtin::ChatMl => {
                 // With `tools`: a system block listing them in <tools> and asking for
                 // <tool_call> JSON (Qwen's convention, `tools::ToolSyntax::Hermes`); a tool's
@@ -275,24 +299,19 @@ impl Builtin {
   {%- endif -%}
 {%- endfor -%}"#
             }
-            Builtin::Granite => {
-                r#"{%- for message in messages -%}
-{{- '<|start_of_role|>' + message.role + '<|end_of_role|>' + message.content + '<|end_of_text|>\n' -}}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|start_of_role|>assistant<|end_of_role|>' -}}{%- endif -%}"#
-            }
-            Builtin::Phi3 => {
-                r#"{%- for message in messages -%}
-{{- '<|' + message.role + '|>\n' + message.content + '<|end|>\n' -}}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|assistant|>\n' -}}{%- endif -%}"#
-            }
-            Builtin::Phi4 => {
-                r#"{%- for message in messages -%}
-{{- '<|im_start|>' + message.role + '<|im_sep|>' + message.content + '<|im_end|>' -}}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant<|im_sep|>' -}}{%- endif -%}"#
-            }
+            Builtin::Granite => turns!(
+                r"<|start_of_role|>",
+                r"<|end_of_role|>",
+                "message.content",
+                r"<|end_of_text|>\n"
+            ),
+            Builtin::Phi3 => turns!(r"<|", r"|>\n", "message.content", r"<|end|>\n"),
+            Builtin::Phi4 => turns!(
+                r"<|im_start|>",
+                r"<|im_sep|>",
+                "message.content",
+                r"<|im_end|>"
+            ),
         }
     }
 }
