@@ -5,8 +5,9 @@
 //! streamed in small pieces: each is refused before anything is allocated for it; from a stream
 //! of unknown length, GPU memory follows the bytes that actually arrive. Chat templates (code
 //! from whatever file a page loads) that loop, double strings or lists (by `+`, `chain`, a
-//! recursive macro) or write without bound are stopped in well under a second, while a
-//! 5,000-message chat still renders. A prompt from JS
+//! recursive macro), write without bound, or write out a namespace holding itself (the engine
+//! would recurse until the stack overflows) or a list nesting one list twice 64 levels deep are
+//! stopped in well under a second, while a 5,000-message chat still renders. A prompt from JS
 //! with lone surrogates and NUL bytes becomes U+FFFD and NUL, and generates.
 
 mod common;
@@ -301,6 +302,26 @@ async fn template_refusals() {
             "a dict grown by one entry 100,000 times",
             "{% set ns = namespace(d={}) %}{% for i in range(100000) %}{% set ns.d = ns.d | chain({i: i}) %}{% endfor %}{{ ns.d | length }}",
             "budget of",
+        ),
+        (
+            "a namespace that holds itself, written out",
+            "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}",
+            "writes out a value",
+        ),
+        (
+            "a namespace that holds itself, as JSON",
+            "{% set ns = namespace() %}{% set ns.me = [ns] %}{{ ns | tojson }}",
+            "writes out a value",
+        ),
+        (
+            "a list holding one list twice, 64 levels deep, joined to a string by ~",
+            "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ (ns.l ~ '') | length }}",
+            "writes out a value",
+        ),
+        (
+            "a map holding one map twice, 64 levels deep, as a string",
+            "{% set ns = namespace(d={}) %}{% for i in range(64) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}{{ ns.d | string | length }}",
+            "writes out a value",
         ),
         (
             "a string doubled 64 times by +",

@@ -25,7 +25,12 @@
 //! (`+`, `chain`) lazily and charges no fuel for it, so a list doubled in a loop would describe
 //! 2^64 items in 64 steps and then be copied out at once; [`template_bounds`] guards every
 //! operand of `+` and `chain`, charging fuel for what a list holds and refusing one of more
-//! than 65,536 items plus two per message.
+//! than 65,536 items plus two per message. Writing a value out as text (`{{ x }}`, `~`,
+//! `string`, `tojson`, `pprint`) first counts its parts, without recursion, and refuses more
+//! than four times that: a namespace that holds itself would otherwise recurse until the stack
+//! overflows, and a list holding one list twice, 64 levels deep, is 2^64 parts. Not covered yet:
+//! `join` and the other filters that turn a list into text, and comparing (`==`, `sort`) two
+//! such deep lists that are not the same object.
 
 use super::template_bounds;
 use crate::error::{Error, ErrorCode, Result};
@@ -410,7 +415,15 @@ impl ChatTemplate {
         let mut env = environment();
         env.set_fuel(Some(fuel));
         let list_over = Arc::new(AtomicUsize::new(0));
-        template_bounds::register(&mut env, max_items, list_over.clone());
+        let max_parts = 4 * max_items;
+        let parts_over = Arc::new(AtomicUsize::new(0));
+        template_bounds::register(
+            &mut env,
+            max_items,
+            list_over.clone(),
+            max_parts,
+            parts_over.clone(),
+        );
         let unparsable = |e: minijinja::Error| {
             Error::new(
                 ErrorCode::BadGguf,
@@ -460,6 +473,14 @@ impl ChatTemplate {
                     "the chat template builds a list of {} items, past its cap of {max_items} \
                      ({TEMPLATE_LIST_ITEMS} plus two per message){}",
                     list_over.load(Ordering::Relaxed),
+                    at_line(&e)
+                ),
+            )),
+            Err(e) if parts_over.load(Ordering::Relaxed) > 0 => Err(Error::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "the chat template writes out a value of more than {max_parts} parts (a list \
+                     or map that holds itself, or holds one list many times over){}",
                     at_line(&e)
                 ),
             )),

@@ -13,6 +13,10 @@
 //! charging fuel for its items and refusing one past a cap; an empty one becomes a fresh empty
 //! list and one of unknown size is copied out. Every join is then over parts that each hold an
 //! item, so what the engine later walks or copies was paid for.
+//!
+//! Writing a value out as text is bounded the same way ([`register`]): its parts are counted
+//! first, so a namespace that holds itself, or lists nested with sharing, are refused instead
+//! of overflowing the stack or walking 2^64 parts.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -22,13 +26,16 @@ use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Kwargs, Object, ObjectRepr, Rest, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
-/// The function [`guard_source`] wraps operands in (a name no real template uses).
+/// The function [`guard_source`] wraps operands of `+` in (a name no real template uses).
 pub(crate) const GUARD: &str = "__cera_bounded";
+/// The function it wraps operands of `~` in: they are written out as text.
+pub(crate) const WRITTEN: &str = "__cera_written";
 
 /// Items copied out per unit of fuel (minijinja charges a byte of a new string the same).
 const ITEMS_PER_FUEL: u64 = 64;
 
-/// `source` with every non-literal operand of `+` wrapped as `__cera_bounded(operand)`. Only
+/// `source` with every non-literal operand of `+` wrapped as `__cera_bounded(operand)`, and of
+/// `~` as `__cera_written(operand)`. Only
 /// characters are inserted (no newline), so errors keep their line numbers. Fails as the
 /// compiler would when `source` does not parse.
 pub(crate) fn guard_source(source: &str, syntax: SyntaxConfig) -> Result<String, Error> {
@@ -38,33 +45,41 @@ pub(crate) fn guard_source(source: &str, syntax: SyntaxConfig) -> Result<String,
     if operands.is_empty() {
         return Ok(source.to_string());
     }
-    // (offset, opens): at one offset a closing `)` comes before an opening call (the end of one
-    // operand may touch the start of another); openings at one offset are alike, so are closings.
-    let mut edits: Vec<(usize, bool)> = operands
-        .iter()
-        .flat_map(|&(start, end)| [(start, true), (end, false)])
-        .collect();
+    // (offset, opens, nesting, text): at one offset a closing `)` comes before an opening call
+    // (the end of one operand may touch the start of another), an outer call opens before an
+    // inner one, and an inner one closes first.
+    let mut edits: Vec<(usize, bool, usize, &str)> = Vec::new();
+    for &(start, end, name) in &operands {
+        edits.push((start, true, usize::MAX - (end - start), name));
+        edits.push((end, false, end - start, ")"));
+    }
     edits.sort_unstable();
     let mut out = String::with_capacity(source.len() + edits.len() * (GUARD.len() + 1));
     let mut at = 0;
-    for (offset, opens) in edits {
+    for (offset, opens, _, text) in edits {
         out.push_str(&source[at..offset]);
         at = offset;
+        out.push_str(text);
         if opens {
-            out.push_str(GUARD);
             out.push('(');
-        } else {
-            out.push(')');
         }
     }
     out.push_str(&source[at..]);
     Ok(out)
 }
 
-/// Registers [`GUARD`] and the bounded `chain` filter. A lazy list of more than `max_items`
-/// items is refused; `over` then holds its size (`max_items + 1` when it had no known size), so
-/// the caller can say which bound was hit.
-pub(crate) fn register(env: &mut Environment<'_>, max_items: usize, over: Arc<AtomicUsize>) {
+/// Registers [`GUARD`] and the bounded `chain` filter: a lazy list of more than `max_items`
+/// items is refused, and `over` then holds its size (`max_items + 1` when it had no known size),
+/// so the caller can say which bound was hit. Also registers the writers' bound (`max_parts`,
+/// `parts_over`; see `register_writers`).
+pub(crate) fn register(
+    env: &mut Environment<'_>,
+    max_items: usize,
+    over: Arc<AtomicUsize>,
+    max_parts: usize,
+    parts_over: Arc<AtomicUsize>,
+) {
+    register_writers(env, max_parts, parts_over);
     let o = over.clone();
     env.add_function(GUARD, move |state: &State, v: Value| {
         bounded(state, v, max_items, &o)
@@ -91,6 +106,94 @@ pub(crate) fn register(env: &mut Environment<'_>, max_items: usize, over: Arc<At
             }
         },
     );
+}
+
+/// Text from a value (`{{ x }}`, `~`, `string`, `tojson`, `pprint`) walks all of it: a list that
+/// holds one list twice, 64 levels deep, is 2^64 parts to write, and a namespace that holds
+/// itself never ends (the engine recurses until the stack overflows). Before any of these, the
+/// value's parts are counted, each time it is reached, without recursion; more than `max_parts`
+/// is refused, and `over` says so.
+fn register_writers(env: &mut Environment<'_>, max_parts: usize, over: Arc<AtomicUsize>) {
+    let o = over.clone();
+    env.set_formatter(move |out, state, v| {
+        count_parts(state, v, max_parts, &o)?;
+        minijinja::escape_formatter(out, state, v)
+    });
+    let o = over.clone();
+    env.add_function(WRITTEN, move |state: &State, v: Value| {
+        count_parts(state, &v, max_parts, &o).map(|_| v)
+    });
+    let o = over.clone();
+    env.add_filter("string", move |state: &State, v: Value| {
+        count_parts(state, &v, max_parts, &o)?;
+        minijinja::filters::string(state, &v)
+    });
+    let o = over.clone();
+    env.add_filter(
+        "tojson",
+        move |state: &State, v: Value, indent: Option<Value>, args: Kwargs| {
+            count_parts(state, &v, max_parts, &o)?;
+            minijinja::filters::tojson(&v, indent, args)
+        },
+    );
+    env.add_filter("pprint", move |state: &State, v: Value| {
+        count_parts(state, &v, max_parts, &over)?;
+        Ok::<_, Error>(minijinja::filters::pprint(&v))
+    });
+}
+
+/// Counts the parts of `v` (itself, the items of its lists, the keys and values of its maps),
+/// depth first with a stack of its own; fails past `max_parts`. Fuel: one unit per 64 parts.
+fn count_parts(
+    state: &State,
+    v: &Value,
+    max_parts: usize,
+    over: &AtomicUsize,
+) -> Result<(), Error> {
+    let container = |v: &Value| {
+        matches!(
+            v.kind(),
+            ValueKind::Seq | ValueKind::Iterable | ValueKind::Map
+        )
+    };
+    if !container(v) {
+        return Ok(());
+    }
+    let mut stack = vec![v.clone()];
+    let mut n = 0usize;
+    while let Some(v) = stack.pop() {
+        n += 1;
+        if n > max_parts {
+            over.store(n, Ordering::Relaxed);
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("a value of more than {max_parts} parts written out"),
+            ));
+        }
+        let left = max_parts + 1 - n;
+        if v.kind() == ValueKind::Map {
+            if let Some(pairs) = v.as_object().and_then(|o| o.try_iter_pairs()) {
+                for (k, x) in pairs.take(left) {
+                    n += 1;
+                    if container(&x) {
+                        stack.push(x);
+                    }
+                    drop(k);
+                }
+            }
+        } else if container(&v) {
+            if let Ok(items) = v.try_iter() {
+                for x in items.take(left) {
+                    if container(&x) {
+                        stack.push(x);
+                    } else {
+                        n += 1;
+                    }
+                }
+            }
+        }
+    }
+    state.consume_fuel((n as u64).div_ceil(ITEMS_PER_FUEL))
 }
 
 /// A plain list behind a view the engine charges nothing for: its items were paid for when they
@@ -154,8 +257,10 @@ fn bounded(state: &State, v: Value, max_items: usize, over: &AtomicUsize) -> Res
 }
 
 /// Collects the byte spans of the operands to guard.
-fn stmt(s: &Stmt<'_>, out: &mut Vec<(usize, usize)>) {
-    let body = |b: &[Stmt<'_>], out: &mut Vec<(usize, usize)>| b.iter().for_each(|s| stmt(s, out));
+fn stmt(s: &Stmt<'_>, out: &mut Vec<(usize, usize, &'static str)>) {
+    let body = |b: &[Stmt<'_>], out: &mut Vec<(usize, usize, &'static str)>| {
+        b.iter().for_each(|s| stmt(s, out))
+    };
     match s {
         Stmt::Template(t) => body(&t.children, out),
         Stmt::EmitExpr(e) => expr(&e.expr, out),
@@ -234,7 +339,7 @@ fn stmt(s: &Stmt<'_>, out: &mut Vec<(usize, usize)>) {
     }
 }
 
-fn args(a: &[CallArg<'_>], out: &mut Vec<(usize, usize)>) {
+fn args(a: &[CallArg<'_>], out: &mut Vec<(usize, usize, &'static str)>) {
     for_args(a, &mut |e| {
         expr(e, out);
     });
@@ -304,7 +409,7 @@ fn children<'a>(e: &'a Expr<'a>, f: &mut dyn FnMut(&'a Expr<'a>)) {
 }
 
 /// Notes the operands of `+` in `e`.
-fn expr(e: &Expr<'_>, out: &mut Vec<(usize, usize)>) {
+fn expr(e: &Expr<'_>, out: &mut Vec<(usize, usize, &'static str)>) {
     walk(e, out);
 }
 
@@ -312,20 +417,23 @@ fn expr(e: &Expr<'_>, out: &mut Vec<(usize, usize)>) {
 /// A node's own span may cover only part of it (a filter's covers `| name(args)`, not the value
 /// filtered), so this joins the spans of all its parts. Parentheses around `e` are not included;
 /// a call inserted inside them is still valid.
-fn walk(e: &Expr<'_>, out: &mut Vec<(usize, usize)>) -> (usize, usize) {
+fn walk(e: &Expr<'_>, out: &mut Vec<(usize, usize, &'static str)>) -> (usize, usize) {
     let s = e.span();
     let mut r = (s.start_offset as usize, s.end_offset as usize);
-    let add = matches!(e, Expr::BinOp(b) if matches!(b.op, BinOpKind::Add));
+    let guard = match e {
+        Expr::BinOp(b) if matches!(b.op, BinOpKind::Add) => Some(GUARD),
+        Expr::BinOp(b) if matches!(b.op, BinOpKind::Concat) => Some(WRITTEN),
+        _ => None,
+    };
     children(e, &mut |c| {
         let (a, b) = walk(c, out);
         // Literals are as large as the source that spells them out.
-        if add
-            && !matches!(
-                c,
-                Expr::Const(_) | Expr::List(_) | Expr::Tuple(_) | Expr::Map(_)
-            )
-        {
-            out.push((a, b));
+        let literal = matches!(
+            c,
+            Expr::Const(_) | Expr::List(_) | Expr::Tuple(_) | Expr::Map(_)
+        );
+        if let (Some(name), false) = (guard, literal) {
+            out.push((a, b, name));
         }
         r = (r.0.min(a), r.1.max(b));
     });
@@ -355,6 +463,9 @@ mod tests {
             "{{ (__cera_bounded(__cera_bounded(a) + __cera_bounded(b))) + __cera_bounded(c[0]) }}"
         );
         assert_eq!(g("{% set x = f(a+b) %}é{{ -x + y.z }}"), "{% set x = f(__cera_bounded(a)+__cera_bounded(b)) %}é{{ __cera_bounded(-x) + __cera_bounded(y.z) }}");
-        assert_eq!(g("{{ a ~ b }}{{ a - b }}"), "{{ a ~ b }}{{ a - b }}");
+        assert_eq!(
+            g("{{ (a + b) ~ 'c' }}{{ a - b }}"),
+            "{{ (__cera_written(__cera_bounded(a) + __cera_bounded(b))) ~ 'c' }}{{ a - b }}"
+        );
     }
 }
