@@ -35,9 +35,8 @@ pub(crate) const WRITTEN: &str = "__cera_written";
 const ITEMS_PER_FUEL: u64 = 64;
 
 /// `source` with every non-literal operand of `+` wrapped as `__cera_bounded(operand)`, and of
-/// `~` as `__cera_written(operand)`. Only
-/// characters are inserted (no newline), so errors keep their line numbers. Fails as the
-/// compiler would when `source` does not parse.
+/// `~` as `__cera_written(operand)`. Only characters are inserted (no newline), so errors keep
+/// their line numbers. Fails as the compiler would when `source` does not parse.
 pub(crate) fn guard_source(source: &str, syntax: SyntaxConfig) -> Result<String, Error> {
     let ast = minijinja::machinery::parse(source, "chat_template", syntax)?;
     let mut operands = Vec::new();
@@ -159,37 +158,36 @@ fn count_parts(
     if !container(v) {
         return Ok(());
     }
+    // A part is counted when it is found, so the stack never holds more than `max_parts`.
     let mut stack = vec![v.clone()];
-    let mut n = 0usize;
-    while let Some(v) = stack.pop() {
-        n += 1;
-        if n > max_parts {
-            over.store(n, Ordering::Relaxed);
+    let mut n = 1usize;
+    let found = |n: &mut usize, parts: usize| {
+        *n += parts;
+        if *n > max_parts {
+            over.store(*n, Ordering::Relaxed);
             return Err(Error::new(
                 ErrorKind::InvalidOperation,
                 format!("a value of more than {max_parts} parts written out"),
             ));
         }
-        let left = max_parts + 1 - n;
-        if v.kind() == ValueKind::Map {
-            if let Some(pairs) = v.as_object().and_then(|o| o.try_iter_pairs()) {
-                for (k, x) in pairs.take(left) {
-                    n += 1;
-                    if container(&x) {
-                        stack.push(x);
-                    }
-                    drop(k);
-                }
+        Ok(())
+    };
+    while let Some(v) = stack.pop() {
+        let children: Box<dyn Iterator<Item = (usize, Value)>> = if v.kind() == ValueKind::Map {
+            match v.as_object().and_then(|o| o.try_iter_pairs()) {
+                Some(pairs) => Box::new(pairs.map(|(_, x)| (2, x))), // the key and the value
+                None => continue,
             }
-        } else if container(&v) {
-            if let Ok(items) = v.try_iter() {
-                for x in items.take(left) {
-                    if container(&x) {
-                        stack.push(x);
-                    } else {
-                        n += 1;
-                    }
-                }
+        } else {
+            match v.try_iter() {
+                Ok(items) => Box::new(items.map(|x| (1, x))),
+                Err(_) => continue,
+            }
+        };
+        for (parts, x) in children {
+            found(&mut n, parts)?;
+            if container(&x) {
+                stack.push(x);
             }
         }
     }
