@@ -445,6 +445,12 @@ export function engineError(code: ErrorCode, message: string): CeraError;
 /** Debug: count live GPU buffers on this thread (call before loading). */
 export function countGpuBuffers(): { readonly live: number } | null;
 
+/**
+ * Debug: bytes the wasm module on this thread has allocated and not yet freed (a worker engine's
+ * heap is the worker's). Call `init()` first.
+ */
+export function wasmHeapLiveBytes(): number;
+
 /** The kv_shift self-check of the GPU. */
 export function gpuSelfCheck(): Promise<{
   adapter: unknown;

@@ -2,11 +2,12 @@
 //
 // The package entry: `init` (fetch + compile the .wasm once), the `Engine` class (a friendly
 // wrapper over the wasm-bindgen class: generations are async iterators), `createWorkerEngine`
-// (the same API with the engine in a Web Worker) and a debug counter of live GPU buffers.
-import initWasm, { Engine as RawEngine, gpuSelfCheck } from '../pkg/cera_web.js';
+// (the same API with the engine in a Web Worker) and debug counters of live GPU buffers and of
+// live bytes on the wasm heap.
+import initWasm, { Engine as RawEngine, gpuSelfCheck, wasmHeapLiveBytes } from '../pkg/cera_web.js';
 import { addOpenaiApi } from './openai.js';
 
-export { gpuSelfCheck };
+export { gpuSelfCheck, wasmHeapLiveBytes };
 
 let ready = null;
 

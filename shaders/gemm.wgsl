@@ -78,32 +78,11 @@ struct W8 {
     hi: vec4<f32>, // values c + 4 .. c + 7
 }
 
-// Bytes 0..3 of a word as four i8 / four u8 / its low and high nibbles.
-fn i8x4(v: u32) -> vec4<f32> {
-    let s = bitcast<i32>(v);
-    return vec4<f32>(vec4<i32>((s << 24u) >> 24u, (s << 16u) >> 24u, (s << 8u) >> 24u, s >> 24u));
-}
-fn bytes4(v: u32) -> vec4<u32> {
-    return vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u) & vec4<u32>(0xffu);
-}
-fn nib_lo(v: u32) -> vec4<u32> {
-    return vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u) & vec4<u32>(15u);
-}
-fn nib_hi(v: u32) -> vec4<u32> {
-    return vec4<u32>(v >> 4u, v >> 12u, v >> 20u, v >> 28u) & vec4<u32>(15u);
-}
+#include "quant_words.tmpl"
+
 // Nibbles of a word: low ones when `high` is false, else high ones.
 fn nibs(v: u32, high: bool) -> vec4<u32> {
     return select(nib_lo(v), nib_hi(v), high);
-}
-// Bits s .. s + 3 of `qh`, one per lane.
-fn bits4(qh: u32, s: u32) -> vec4<u32> {
-    return (vec4<u32>(qh) >> vec4<u32>(s, s + 1u, s + 2u, s + 3u)) & vec4<u32>(1u);
-}
-// The f16 `d` of legacy block b: two per word in the scale section starting at word `sw`.
-fn half_at(sw: u32, b: u32) -> f32 {
-    let h = unpack2x16float(w[sw + (b >> 1u)]);
-    return select(h.x, h.y, (b & 1u) == 1u);
 }
 
 #ifdef TYPE_F32
@@ -232,28 +211,6 @@ fn dec8(rb: u32, c: u32) -> W8 {
 }
 #endif
 
-#ifdef TYPE_Q4_K
-#define K_SCALES
-#endif
-#ifdef TYPE_Q5_K
-#define K_SCALES
-#endif
-
-#ifdef K_SCALES
-// Byte k of the 12 packed scale bytes of the block at word bw (they start at word bw + 1).
-fn scale_byte(bw: u32, k: u32) -> u32 {
-    return (w[bw + 1u + (k >> 2u)] >> (8u * (k & 3u))) & 0xffu;
-}
-// (scale, min) of sub-block j (0..7): 6-bit values, the last four split across bytes.
-fn scale_min_k4(bw: u32, j: u32) -> vec2<f32> {
-    if j < 4u {
-        return vec2<f32>(f32(scale_byte(bw, j) & 63u), f32(scale_byte(bw, j + 4u) & 63u));
-    }
-    let sc = (scale_byte(bw, j + 4u) & 15u) | ((scale_byte(bw, j - 4u) >> 6u) << 4u);
-    let m = (scale_byte(bw, j + 4u) >> 4u) | ((scale_byte(bw, j) >> 6u) << 4u);
-    return vec2<f32>(f32(sc), f32(m));
-}
-#endif
 
 #ifdef TYPE_Q4_K
 // Block: 36 words (d, dmin | 3 words of scales | 32 words of qs). Sub-block j (32 values) is in

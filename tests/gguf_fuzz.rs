@@ -5,8 +5,6 @@
 //! `CERA_FUZZ_ITERS` sets the number of executions (default 20000), `CERA_FUZZ_SEED` the seed.
 //! Run with `--nocapture` to see the executions and the error kinds met.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -17,61 +15,76 @@ use cera_web::gguf::{
 };
 
 // ---- Per-thread allocation accounting (this test binary only) ----
+// In the browser the library's own allocator counts (a wasm module has one thread and one
+// global allocator).
 
-/// Counts live heap bytes per thread, so a parse can be checked for absurd allocations while
-/// other test threads run. `const` thread-locals without destructors never allocate themselves.
-struct Counting;
+#[cfg(not(target_arch = "wasm32"))]
+mod heap {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
 
-thread_local! {
-    static LIVE: Cell<usize> = const { Cell::new(0) };
-    static PEAK: Cell<usize> = const { Cell::new(0) };
-}
+    /// Counts live heap bytes per thread, so a parse can be checked for absurd allocations while
+    /// other test threads run. `const` thread-locals without destructors never allocate themselves.
+    struct Counting;
 
-fn add(n: usize) {
-    let _ = LIVE.try_with(|l| {
-        let v = l.get().saturating_add(n);
-        l.set(v);
-        let _ = PEAK.try_with(|p| p.set(p.get().max(v)));
-    });
-}
-
-fn sub(n: usize) {
-    let _ = LIVE.try_with(|l| l.set(l.get().saturating_sub(n)));
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        add(layout.size());
-        unsafe { System.alloc(layout) }
+    thread_local! {
+        static LIVE: Cell<usize> = const { Cell::new(0) };
+        static PEAK: Cell<usize> = const { Cell::new(0) };
     }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        sub(layout.size());
-        unsafe { System.dealloc(ptr, layout) }
+
+    fn add(n: usize) {
+        let _ = LIVE.try_with(|l| {
+            let v = l.get().saturating_add(n);
+            l.set(v);
+            let _ = PEAK.try_with(|p| p.set(p.get().max(v)));
+        });
     }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        add(layout.size());
-        unsafe { System.alloc_zeroed(layout) }
+
+    fn sub(n: usize) {
+        let _ = LIVE.try_with(|l| l.set(l.get().saturating_sub(n)));
     }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        add(new_size);
-        sub(layout.size());
-        unsafe { System.realloc(ptr, layout, new_size) }
+
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            add(layout.size());
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            sub(layout.size());
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            add(layout.size());
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            add(new_size);
+            sub(layout.size());
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOC: Counting = Counting;
+
+    /// Reset the peak to the current live bytes; returns the current live bytes.
+    pub fn mark() -> usize {
+        let live = LIVE.with(Cell::get);
+        PEAK.with(|p| p.set(live));
+        live
+    }
+
+    pub fn peak() -> usize {
+        PEAK.with(Cell::get)
     }
 }
 
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-/// Reset the peak to the current live bytes; returns the current live bytes.
-fn mark() -> usize {
-    let live = LIVE.with(Cell::get);
-    PEAK.with(|p| p.set(live));
-    live
+#[cfg(target_arch = "wasm32")]
+mod heap {
+    pub use cera_web::web::heap::{mark_peak as mark, peak_bytes as peak};
 }
 
-fn peak() -> usize {
-    PEAK.with(Cell::get)
-}
+use heap::{mark, peak};
 
 // ---- A tiny seeded RNG (xorshift64*) ----
 

@@ -520,6 +520,66 @@ gpu_test!(rope_small_heads_norm_and_neox, async {
     }
 });
 
+/// The rope table and a one-layer KV cache of `n_ctx` cells for a qk_rope case.
+fn qk_rope_setup(
+    ctx: &GpuContext,
+    n_kv: u32,
+    hd: usize,
+    n_rot: usize,
+    rt: RopeType,
+    attn_factor: f32,
+    n_ctx: u32,
+) -> (RopeTable, KvCache) {
+    let mut c = RopeConfig::new(hd, 10000.0, rt);
+    c.n_rot = n_rot;
+    c.attn_factor = attn_factor;
+    let cache = KvCache::new(
+        ctx,
+        KvCacheConfig {
+            n_ctx,
+            n_kv_heads: n_kv,
+            head_dim: hd as u32,
+            layer_ropes: vec![c.clone()],
+            shift_workgroup_size: None,
+            max_scratch_cells: None,
+        },
+    )
+    .unwrap();
+    (RopeTable::new(ctx, &c).unwrap(), cache)
+}
+
+/// qk_rope's q and the K cache against the references (errors relative to each head's largest
+/// value); K outside `cells` must still be 0. Returns the worst error.
+fn qk_rope_check(
+    what: &str,
+    got_q: &[f32],
+    want_q: &[f32],
+    kc: &[f32],
+    cells: std::ops::Range<usize>,
+    want_k: &[f32],
+    hd: usize,
+) -> f64 {
+    let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+    let (wq, wk) = (to64(want_q), to64(want_k));
+    let (dq, dk) = (row_max(&wq, hd), row_max(&wk, hd));
+    let worst = check("qk_rope", &format!("{what}: q"), got_q, &wq, |i| dq[i]);
+    let worst = worst.max(check(
+        "qk_rope",
+        &format!("{what}: k cells"),
+        &kc[cells.clone()],
+        &wk,
+        |i| dk[i],
+    ));
+    assert!(
+        kc[..cells.start]
+            .iter()
+            .chain(&kc[cells.end..])
+            .all(|&v| v == 0.0),
+        "{what}: K written outside its cells"
+    );
+    worst
+}
+
 gpu_test!(qk_rope_norms_ropes_and_writes_the_cache, async {
     // QK-norm (or none) + rope of q in place and of k into the cache, v copied, in one dispatch,
     // against the norm and rope references: the real model's 4 x 256 heads over 1 KV head
@@ -549,23 +609,8 @@ gpu_test!(qk_rope_norms_ropes_and_writes_the_cache, async {
         let what = format!(
             "{n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm} attn_factor {attn_factor}"
         );
-        let mut c = RopeConfig::new(hd, 10000.0, rt);
-        c.n_rot = n_rot;
-        c.attn_factor = attn_factor;
         let n_ctx = 20u32;
-        let cache = KvCache::new(
-            &ctx,
-            KvCacheConfig {
-                n_ctx,
-                n_kv_heads: n_kv,
-                head_dim: hd as u32,
-                layer_ropes: vec![c.clone()],
-                shift_workgroup_size: None,
-                max_scratch_cells: None,
-            },
-        )
-        .unwrap();
-        let table = RopeTable::new(&ctx, &c).unwrap();
+        let (table, cache) = qk_rope_setup(&ctx, n_kv, hd, n_rot, rt, attn_factor, n_ctx);
         let pos0 = 7u32;
         let (qn, kn) = ((t * n_head) as usize * hd, (t * n_kv) as usize * hd);
         // Mixed magnitudes, so the norm is not near 1.
@@ -603,30 +648,19 @@ gpu_test!(qk_rope_norms_ropes_and_writes_the_cache, async {
         let kc = read(&ctx, cache.k(0), 0, n_ctx as usize * row).await;
         let vc = read(&ctx, cache.v(0), 0, n_ctx as usize * row).await;
         let cells = pos0 as usize * row..(pos0 + t) as usize * row;
-        let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-        let (wq, wk) = (to64(&want_q), to64(&want_k));
-        let (dq, dk) = (row_max(&wq, hd), row_max(&wk, hd));
-        worst = worst.max(check("qk_rope", &format!("{what}: q"), &got_q, &wq, |i| {
-            dq[i]
-        }));
-        worst = worst.max(check(
-            "qk_rope",
-            &format!("{what}: k cells"),
-            &kc[cells.clone()],
-            &wk,
-            |i| dk[i],
+        worst = worst.max(qk_rope_check(
+            &what,
+            &got_q,
+            &want_q,
+            &kc,
+            cells.clone(),
+            &want_k,
+            hd,
         ));
         assert_eq!(
             &vc[cells.clone()],
             &kv[1 + kn..1 + 2 * kn],
             "{what}: V cells"
-        );
-        assert!(
-            kc[..cells.start]
-                .iter()
-                .chain(&kc[cells.end..])
-                .all(|&v| v == 0.0),
-            "{what}: K written outside its cells"
         );
         assert!(
             vc[..cells.start]
@@ -678,23 +712,8 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
         let what = format!(
             "fused {n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm} attn_factor {attn_factor}"
         );
-        let mut c = RopeConfig::new(hd, 10000.0, rt);
-        c.n_rot = n_rot;
-        c.attn_factor = attn_factor;
         let n_ctx = 20u32;
-        let cache = KvCache::new(
-            &ctx,
-            KvCacheConfig {
-                n_ctx,
-                n_kv_heads: n_kv,
-                head_dim: hd as u32,
-                layer_ropes: vec![c.clone()],
-                shift_workgroup_size: None,
-                max_scratch_cells: None,
-            },
-        )
-        .unwrap();
-        let table = RopeTable::new(&ctx, &c).unwrap();
+        let (table, cache) = qk_rope_setup(&ctx, n_kv, hd, n_rot, rt, attn_factor, n_ctx);
         let pos0 = 4u32;
         let (qw, kw) = (n_head as usize * hd, n_kv as usize * hd);
         // Row of a token: 5 columns of padding, q, 3, k, v, 2.
@@ -758,27 +777,16 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
         let kc = read(&ctx, cache.k(0), 0, n_ctx as usize * kw).await;
         let vc = read(&ctx, cache.v(0), 0, n_ctx as usize * kw).await;
         let cells = pos0 as usize * kw..(pos0 + t) as usize * kw;
-        let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-        let (wq, wk) = (to64(&want_q), to64(&want_k));
-        let (dq, dk) = (row_max(&wq, hd), row_max(&wk, hd));
-        worst = worst.max(check("qk_rope", &format!("{what}: q"), &got_q, &wq, |i| {
-            dq[i]
-        }));
-        worst = worst.max(check(
-            "qk_rope",
-            &format!("{what}: k cells"),
-            &kc[cells.clone()],
-            &wk,
-            |i| dk[i],
+        worst = worst.max(qk_rope_check(
+            &what,
+            &got_q,
+            &want_q,
+            &kc,
+            cells.clone(),
+            &want_k,
+            hd,
         ));
         assert_eq!(&vc[cells.clone()], &v[..], "{what}: V cells");
-        assert!(
-            kc[..cells.start]
-                .iter()
-                .chain(&kc[cells.end..])
-                .all(|&v| v == 0.0),
-            "{what}: K written outside its cells"
-        );
         assert_eq!(
             read(&ctx, &sb, 0, src.len()).await,
             src,

@@ -4,7 +4,9 @@
 //! that declare absurd sizes (10^9 tensors, a 10^8-entry vocabulary, a 2^40-element tensor),
 //! streamed in small pieces: each is refused before anything is allocated for it; from a stream
 //! of unknown length, GPU memory follows the bytes that actually arrive. Chat templates (code
-//! from whatever file a page loads) that loop, double strings or write without bound are
+//! from whatever file a page loads) that loop, double strings or lists (by `+`, `chain`, a
+//! recursive macro), write without bound, or write out a namespace holding itself (the engine
+//! would recurse until the stack overflows) or a list nesting one list twice 64 levels deep are
 //! stopped in well under a second, while a 5,000-message chat still renders. A prompt from JS
 //! with lone surrogates and NUL bytes becomes U+FFFD and NUL, and generates.
 
@@ -270,7 +272,62 @@ async fn template_refusals() {
         ChatMessage::assistant("Hello."),
         ChatMessage::user("Why?"),
     ];
+    let unrolled = format!(
+        "{{% set l = [1] %}}{}{{{{ l | length }}}}",
+        "{% set l = l + l %}".repeat(64)
+    );
     for (what, src, bound) in [
+        (
+            "a list doubled 64 times by +",
+            "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+            "builds a list",
+        ),
+        (
+            "a list doubled 64 times by a recursive macro",
+            "{% macro d(l, n) %}{% if n %}{{ d(l + l, n - 1) }}{% else %}{{ l | length }}{% endif %}{% endmacro %}{{ d(['x'], 64) }}",
+            "builds a list",
+        ),
+        ("a list doubled by 64 statements in a row", unrolled.as_str(), "builds a list"),
+        (
+            "a list doubled 64 times by chain",
+            "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l | chain(ns.l) %}{% endfor %}{{ ns.l | length }}",
+            "builds a list",
+        ),
+        (
+            "a list grown by one item 100,000 times",
+            "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + [i] %}{% endfor %}{{ ns.l | length }}",
+            "budget of",
+        ),
+        (
+            "a dict grown by one entry 100,000 times",
+            "{% set ns = namespace(d={}) %}{% for i in range(100000) %}{% set ns.d = ns.d | chain({i: i}) %}{% endfor %}{{ ns.d | length }}",
+            "budget of",
+        ),
+        (
+            "a namespace that holds itself, written out",
+            "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}",
+            "writes out a value",
+        ),
+        (
+            "a namespace that holds itself, as JSON",
+            "{% set ns = namespace() %}{% set ns.me = [ns] %}{{ ns | tojson }}",
+            "writes out a value",
+        ),
+        (
+            "a list holding one list twice, 64 levels deep, joined to a string by ~",
+            "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ (ns.l ~ '') | length }}",
+            "writes out a value",
+        ),
+        (
+            "a map holding one map twice, 64 levels deep, as a string",
+            "{% set ns = namespace(d={}) %}{% for i in range(64) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}{{ ns.d | string | length }}",
+            "writes out a value",
+        ),
+        (
+            "a string doubled 64 times by +",
+            "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s | length }}",
+            "budget of",
+        ),
         (
             "two nested range(100000) loops",
             "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
@@ -303,6 +360,36 @@ async fn template_refusals() {
             bound.split('|').any(|b| e.message.contains(b)),
             "{what}: {e}"
         );
+        assert!(secs < 1.0, "{what}: took {secs:.2} s");
+    }
+
+    // Growth that stays small is not refused, and ends as fast: a list of empty lists and a
+    // map merged with itself, each doubled 64 times (unguarded, each walks 2^33 parts).
+    for (what, src, want) in [
+        (
+            "an empty list doubled 64 times",
+            "{% set ns = namespace(l=[]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+            "0",
+        ),
+        (
+            "a map chained with itself 64 times",
+            "{% set ns = namespace(d={'a': 1}) %}{% for i in range(64) %}{% set ns.d = ns.d | chain(ns.d) %}{% endfor %}{{ ns.d | tojson }}",
+            "{\"a\": 1}",
+        ),
+        (
+            "lists, maps and tuples joined as templates do",
+            "{% set ns = namespace(l=[]) %}{% for m in messages %}{% set ns.l = ns.l + [m.role] %}{% endfor %}{{ (ns.l + ['end']) | join(',') }} {{ [1] | chain([2], (3,)) | list }} {{ {'a': 1} | chain({'b': 2}) | tojson }} {{ (1,) + (2,) }} {{ 'a' + 'b' }} {{ 1 + 2.5 }}",
+            "system,user,assistant,user,end [1, 2, 3] {\"a\": 1, \"b\": 2} (1, 2) ab 3.5",
+        ),
+    ] {
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        let t0 = now_s();
+        let out = t
+            .render(&chat, true)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let secs = now_s() - t0;
+        tlog!("{what}: rendered in {secs:.3} s");
+        assert_eq!(out, want, "{what}");
         assert!(secs < 1.0, "{what}: took {secs:.2} s");
     }
 

@@ -21,11 +21,21 @@
 //! cap on the rendered text, both scaled by the size of the conversation. A loop over
 //! `range(100000)` inside another, or a string doubled 64 times, ends with `INVALID_ARGUMENT`
 //! in milliseconds instead of hanging the worker or growing memory without bound. Recursion
-//! is already limited by minijinja (500 levels). Not bounded yet: a list doubled by `+` in a
-//! loop (minijinja 3.1 concatenates lists lazily without charging fuel, then materializes the
-//! 2^33-item result at once).
+//! is already limited by minijinja (500 levels). Lists are bounded too: minijinja joins lists
+//! (`+`, `chain`) lazily and charges no fuel for it, so a list doubled in a loop would describe
+//! 2^64 items in 64 steps and then be copied out at once; [`template_bounds`] guards every
+//! operand of `+` and `chain`, charging fuel for what a list holds and refusing one of more
+//! than 65,536 items plus two per message. Writing a value out as text (`{{ x }}`, `~`,
+//! `string`, `tojson`, `pprint`) first counts its parts, without recursion, and refuses more
+//! than four times that: a namespace that holds itself would otherwise recurse until the stack
+//! overflows, and a list holding one list twice, 64 levels deep, is 2^64 parts. Not covered yet:
+//! `join` and the other filters that turn a list into text, and comparing (`==`, `sort`) two
+//! such deep lists that are not the same object.
 
+use super::template_bounds;
 use crate::error::{Error, ErrorCode, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Fuel for one render: this much, plus [`TEMPLATE_FUEL_PER_MESSAGE`] per message and
 /// [`TEMPLATE_FUEL_PER_BYTE`] per byte of message text. Real templates stay far below it: the
@@ -39,6 +49,9 @@ const TEMPLATE_FUEL_PER_MESSAGE: u64 = 500;
 /// Per byte of text (a template may pass each message through a few filters; minijinja charges
 /// 1/64 of a unit per byte a string operation builds).
 const TEMPLATE_FUEL_PER_BYTE: u64 = 1;
+/// A list the template concatenates (`+`, `chain`) may hold this many items plus two per message:
+/// a template's lists are a few turns or tool calls; this many items take 1.5 MiB.
+const TEMPLATE_LIST_ITEMS: usize = 1 << 16;
 /// The rendered prompt may be this many bytes plus twice the conversation's text: room for
 /// every turn's markers, far below what would exhaust memory (1 MiB is ~250k tokens).
 const TEMPLATE_OUTPUT_BYTES: usize = 1 << 20;
@@ -124,6 +137,30 @@ impl ChatMessage {
         }
         minijinja::Value::from(minijinja::value::Serde(&m))
     }
+}
+
+/// The Jinja source of a built-in whose every turn is `open + role + mid + content + close` and
+/// whose generation prompt is the assistant's `open + "assistant" + mid`. Arguments are Jinja
+/// string text (`\n` as an escape) and the content expression.
+macro_rules! turns {
+    ($open:literal, $mid:literal, $content:literal, $close:literal) => {
+        concat!(
+            "{%- for message in messages -%}\n{{- '",
+            $open,
+            "' + message.role + '",
+            $mid,
+            "' + ",
+            $content,
+            " + '",
+            $close,
+            "' -}}\n{%- endfor -%}\n",
+            "{%- if add_generation_prompt -%}{{- '",
+            $open,
+            "assistant",
+            $mid,
+            "' -}}{%- endif -%}"
+        )
+    };
 }
 
 /// The built-in templates, for files without `tokenizer.chat_template`.
@@ -217,12 +254,12 @@ impl Builtin {
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"#
             }
-            Builtin::Llama3 => {
-                r#"{%- for message in messages -%}
-{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\n\n' + message.content | trim + '<|eot_id|>' -}}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}{%- endif -%}"#
-            }
+            Builtin::Llama3 => turns!(
+                r"<|start_header_id|>",
+                r"<|end_header_id|>\n\n",
+                "message.content | trim",
+                r"<|eot_id|>"
+            ),
             Builtin::ChatMl => {
                 // With `tools`: a system block listing them in <tools> and asking for
                 // <tool_call> JSON (Qwen's convention, `tools::ToolSyntax::Hermes`); a tool's
@@ -267,24 +304,19 @@ impl Builtin {
   {%- endif -%}
 {%- endfor -%}"#
             }
-            Builtin::Granite => {
-                r#"{%- for message in messages -%}
-{{- '<|start_of_role|>' + message.role + '<|end_of_role|>' + message.content + '<|end_of_text|>\n' -}}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|start_of_role|>assistant<|end_of_role|>' -}}{%- endif -%}"#
-            }
-            Builtin::Phi3 => {
-                r#"{%- for message in messages -%}
-{{- '<|' + message.role + '|>\n' + message.content + '<|end|>\n' -}}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|assistant|>\n' -}}{%- endif -%}"#
-            }
-            Builtin::Phi4 => {
-                r#"{%- for message in messages -%}
-{{- '<|im_start|>' + message.role + '<|im_sep|>' + message.content + '<|im_end|>' -}}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant<|im_sep|>' -}}{%- endif -%}"#
-            }
+            Builtin::Granite => turns!(
+                r"<|start_of_role|>",
+                r"<|end_of_role|>",
+                "message.content",
+                r"<|end_of_text|>\n"
+            ),
+            Builtin::Phi3 => turns!(r"<|", r"|>\n", "message.content", r"<|end|>\n"),
+            Builtin::Phi4 => turns!(
+                r"<|im_start|>",
+                r"<|im_sep|>",
+                "message.content",
+                r"<|im_end|>"
+            ),
         }
     }
 }
@@ -379,14 +411,27 @@ impl ChatTemplate {
             + TEMPLATE_FUEL_PER_MESSAGE * messages.len() as u64
             + TEMPLATE_FUEL_PER_BYTE * text_bytes as u64;
         let cap = TEMPLATE_OUTPUT_BYTES + 2 * text_bytes;
+        let max_items = TEMPLATE_LIST_ITEMS + 2 * messages.len();
         let mut env = environment();
         env.set_fuel(Some(fuel));
-        let tmpl = env.template_from_str(&self.source).map_err(|e| {
+        let list_over = Arc::new(AtomicUsize::new(0));
+        let max_parts = 4 * max_items;
+        let parts_over = Arc::new(AtomicUsize::new(0));
+        template_bounds::register(
+            &mut env,
+            max_items,
+            list_over.clone(),
+            max_parts,
+            parts_over.clone(),
+        );
+        let unparsable = |e: minijinja::Error| {
             Error::new(
                 ErrorCode::BadGguf,
                 format!("the chat template does not parse: {}", describe(&e)),
             )
-        })?;
+        };
+        let guarded = template_bounds::guard_source(&self.source, syntax()).map_err(unparsable)?;
+        let tmpl = env.template_from_str(&guarded).map_err(unparsable)?;
         let mut ctx = minijinja::context! {
             messages => messages.iter().map(ChatMessage::to_value).collect::<Vec<_>>(),
             add_generation_prompt => add_generation_prompt,
@@ -419,6 +464,23 @@ impl ChatTemplate {
                 format!(
                     "the chat template does too much work: it ran out of its budget of {fuel} \
                      steps (a chat template needs a few thousand){}",
+                    at_line(&e)
+                ),
+            )),
+            Err(e) if list_over.load(Ordering::Relaxed) > 0 => Err(Error::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "the chat template builds a list of {} items, past its cap of {max_items} \
+                     ({TEMPLATE_LIST_ITEMS} plus two per message){}",
+                    list_over.load(Ordering::Relaxed),
+                    at_line(&e)
+                ),
+            )),
+            Err(e) if parts_over.load(Ordering::Relaxed) > 0 => Err(Error::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "the chat template writes out a value of more than {max_parts} parts (a list \
+                     or map that holds itself, or holds one list many times over){}",
                     at_line(&e)
                 ),
             )),
@@ -486,17 +548,20 @@ pub fn strip_leading_bos<'a>(rendered: &'a str, bos_token: &str) -> &'a str {
     }
 }
 
-/// A minijinja environment set up like transformers' chat template renderer.
-fn environment() -> minijinja::Environment<'static> {
-    let mut env = minijinja::Environment::new();
-    if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder()
+/// Block whitespace as transformers sets it (`trim_blocks`, `lstrip_blocks`, no trailing newline).
+fn syntax() -> minijinja::syntax::SyntaxConfig {
+    minijinja::syntax::SyntaxConfig::builder()
         .trim_blocks(true)
         .lstrip_blocks(true)
         .keep_trailing_newline(false)
         .build()
-    {
-        env.set_syntax(syntax);
-    }
+        .unwrap_or_default()
+}
+
+/// A minijinja environment set up like transformers' chat template renderer.
+fn environment() -> minijinja::Environment<'static> {
+    let mut env = minijinja::Environment::new();
+    env.set_syntax(syntax());
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function(
         "raise_exception",

@@ -17,4 +17,5 @@ pub mod open;
 pub mod sampler;
 pub mod score;
 pub mod session;
+mod template_bounds;
 pub mod tools;

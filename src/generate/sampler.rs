@@ -34,6 +34,7 @@
 use std::collections::VecDeque;
 
 use crate::error::{Error, ErrorCode, Result};
+use crate::gpu::readback::map_read;
 use crate::gpu::GpuContext;
 use crate::ops::argmax::Argmax;
 use crate::ops::mask::TokenMask;
@@ -622,52 +623,6 @@ impl Sampler {
             });
         self.sample(ctx, encoder, logits, n_vocab).await
     }
-}
-
-/// Map the first `len` bytes of a `MAP_READ` buffer whose copy was submitted, and copy them out.
-/// (`gpu::read_buffer` adds its own copy and submit; here the copy rode in the token's encoder.)
-pub(crate) async fn map_read(
-    ctx: &GpuContext,
-    staging: &wgpu::Buffer,
-    len: u64,
-) -> Result<Vec<u8>> {
-    let (tx, rx) = futures_channel::oneshot::channel();
-    staging
-        .slice(..len)
-        .map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-    #[cfg(not(target_arch = "wasm32"))]
-    ctx.device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| {
-            Error::new(
-                ErrorCode::DeviceLost,
-                format!("waiting for the GPU failed: {e}"),
-            )
-        })?;
-    let mapped = rx
-        .await
-        .map_err(|_| Error::new(ErrorCode::DeviceLost, "the GPU dropped a readback"))?;
-    mapped.map_err(|e| {
-        Error::new(
-            ErrorCode::DeviceLost,
-            format!("mapping the sampler readback failed: {e}"),
-        )
-    })?;
-    ctx.check_errors()?;
-    let bytes = staging
-        .slice(..len)
-        .get_mapped_range()
-        .map_err(|e| {
-            Error::new(
-                ErrorCode::DeviceLost,
-                format!("reading the sampler readback failed: {e:?}"),
-            )
-        })?
-        .to_vec();
-    staging.unmap();
-    Ok(bytes)
 }
 
 #[cfg(test)]

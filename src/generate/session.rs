@@ -458,7 +458,7 @@ impl Session {
             self.kv.advance(1)?;
         }
         self.record_s += now_s() - t0;
-        let bytes = super::sampler::map_read(
+        let bytes = crate::gpu::readback::map_read(
             &self.ctx,
             self.ring.as_ref().expect("made above"),
             k as u64 * 8,

@@ -33,10 +33,28 @@ pub async fn read_buffer(
     enc.copy_buffer_to_buffer(src, start, &staging, 0, len);
     ctx.queue.submit([enc.finish()]);
 
+    let mut bytes = map_read(ctx, &staging, len).await?;
+    staging.destroy();
+    let lo = (offset - start) as usize;
+    bytes.truncate(lo + size as usize);
+    bytes.drain(..lo);
+    Ok(bytes)
+}
+
+/// Map the first `len` bytes of a `MAP_READ` buffer whose copy was submitted, copy them out and
+/// unmap it. [`read_buffer`] adds its own copy and submit; the sampler's copy rides in the
+/// token's encoder.
+pub(crate) async fn map_read(
+    ctx: &GpuContext,
+    staging: &wgpu::Buffer,
+    len: u64,
+) -> Result<Vec<u8>> {
     let (tx, rx) = futures_channel::oneshot::channel();
-    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r);
-    });
+    staging
+        .slice(..len)
+        .map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
     #[cfg(not(target_arch = "wasm32"))]
     ctx.device
         .poll(wgpu::PollType::wait_indefinitely())
@@ -56,18 +74,17 @@ pub async fn read_buffer(
         )
     })?;
     ctx.check_errors()?;
-    let bytes = {
-        let view = staging.slice(..).get_mapped_range().map_err(|e| {
+    let bytes = staging
+        .slice(..len)
+        .get_mapped_range()
+        .map_err(|e| {
             Error::new(
                 ErrorCode::DeviceLost,
                 format!("reading a mapped buffer failed: {e:?}"),
             )
-        })?;
-        let lo = (offset - start) as usize;
-        view[lo..lo + size as usize].to_vec()
-    };
+        })?
+        .to_vec();
     staging.unmap();
-    staging.destroy();
     Ok(bytes)
 }
 

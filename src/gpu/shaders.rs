@@ -10,6 +10,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../../shaders/common_decls.tmpl"),
     ),
     (
+        "quant_words.tmpl",
+        include_str!("../../shaders/quant_words.tmpl"),
+    ),
+    (
         "quant_decls.tmpl",
         include_str!("../../shaders/quant_decls.tmpl"),
     ),

@@ -4,6 +4,7 @@ use wasm_bindgen::prelude::*;
 
 pub mod engine;
 pub mod fetch;
+pub mod heap;
 pub mod source;
 
 use crate::error::Error;
