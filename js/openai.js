@@ -147,6 +147,14 @@ class CallStream {
           // The value has not begun: the head may still grow (more spaces), wait.
           break;
         }
+        // Only what the engine will parse as a call: after a call marker, or bare JSON with Llama's
+        // own "parameters" (free text may begin with a brace, but never with Llama's call).
+        const lead = this.text.trimStart();
+        const marked = ['<tool_call>', '```tool_call', '<|python_tag|>'].some((o) => lead.startsWith(o));
+        if (!marked && !/"parameters"\s*:\s*$/.test(m[0])) {
+          this.lost = true;
+          break;
+        }
         out.push({ index: this.count, id: newId('call'), type: 'function', function: { name: JSON.parse(m[1]), arguments: '' } });
         this.count++;
         this.pos = CALL_HEAD.lastIndex;

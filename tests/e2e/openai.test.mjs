@@ -225,4 +225,14 @@ test('openai client: a call\'s arguments stream as they are written, the first d
   assert.equal(str[0].function.name, 'get_weather');
   assert.deepEqual(JSON.parse(str[1].function.arguments), { city: 'Rome' });
   assert.equal(str[1].index, 0);
+
+  // Free text that merely begins with a brace is text: no call delta, the whole text as content.
+  const brace = ['{"name": "x", "arguments": ', '{"a": 1}} is JSON.'];
+  const s3 = await client(scriptedEngine(brace, 'stop', { toolCalls: [], content: brace.join('') })).chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], tools: [weatherTool], stream: true });
+  let content = '';
+  for await (const ch of s3) {
+    assert.equal(ch.choices[0]?.delta?.tool_calls, undefined);
+    content += ch.choices[0]?.delta?.content ?? '';
+  }
+  assert.equal(content, brace.join(''));
 });
