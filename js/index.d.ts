@@ -146,6 +146,18 @@ export interface ToolCallMessagePart {
   function: { name: string; arguments: string };
 }
 
+/**
+ * A streamed piece of a call, as OpenAI sends them: the first delta of call `index` carries its
+ * `id`, `type` and `function.name` (arguments `''`); the following ones carry only the next piece
+ * of `function.arguments` as the model writes it. Concatenated, the pieces are the arguments' JSON.
+ */
+export interface ToolCallDelta {
+  index: number;
+  id?: string;
+  type?: 'function';
+  function: { name?: string; arguments: string };
+}
+
 export interface Token {
   text: string;
   /** `null` for text flushed at the end (held back by a stop string or a partial character). */
@@ -325,7 +337,7 @@ export interface ChatCompletionChunk {
   created: number;
   model: string;
   /** Empty in the extra usage chunk of `stream_options.include_usage`. */
-  choices: { index: number; delta: { role?: 'assistant'; content?: string; tool_calls?: (ToolCallMessagePart & { index: number })[] }; logprobs: null; finish_reason: FinishReason | null }[];
+  choices: { index: number; delta: { role?: 'assistant'; content?: string; tool_calls?: ToolCallDelta[] }; logprobs: null; finish_reason: FinishReason | null }[];
   usage?: CompletionUsage;
 }
 

@@ -109,6 +109,86 @@ const mayBeCall = (text) => {
   const t = text.trimStart();
   return CALL_OPENERS.some((o) => o.startsWith(t) || t.startsWith(o));
 };
+
+// A JSON call's head, `{"name": "f", "arguments": ` (Llama's key is "parameters"), anywhere after
+// the opener; the engine's grammar writes the name first.
+const CALL_HEAD = /\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*/y;
+
+/**
+ * Streams the calls of a held answer as OpenAI does: a call's first delta carries its index, id,
+ * type and name (arguments ''), then each piece of its arguments object goes out as the model
+ * writes it (`{index, function: {arguments}}`). Works on the JSON syntaxes (Qwen, the fenced
+ * block, Llama); a call it cannot follow (LFM2's Python-style list, arguments written as a
+ * string) is sent whole at the end from the engine's parse, as are calls it never saw open.
+ */
+class CallStream {
+  constructor() {
+    this.text = '';
+    this.pos = 0; // where scanning resumes in `text`
+    this.count = 0; // calls opened so far
+    this.args = null; // in a call's arguments: {depth, str, esc}
+    this.lost = false; // stopped following (text it cannot read as a JSON call)
+    this.unsent = null; // the index of an opened call whose arguments did not go out
+  }
+
+  /** Add generated text; returns the `delta.tool_calls` entries it completes. */
+  push(piece) {
+    this.text += piece;
+    const out = [];
+    while (!this.lost) {
+      if (!this.args) {
+        const start = this.text.indexOf('{', this.pos);
+        if (start < 0) break;
+        CALL_HEAD.lastIndex = start;
+        const m = CALL_HEAD.exec(this.text);
+        // Not a head (yet): wait for more text. A call never recognized goes out whole at the end.
+        if (!m) break;
+        if (this.text.length === CALL_HEAD.lastIndex) {
+          // The value has not begun: the head may still grow (more spaces), wait.
+          break;
+        }
+        // Only what the engine will parse as a call: after a call marker, or bare JSON with Llama's
+        // own "parameters" (free text may begin with a brace, but never with Llama's call).
+        const lead = this.text.trimStart();
+        const marked = ['<tool_call>', '```tool_call', '<|python_tag|>'].some((o) => lead.startsWith(o));
+        if (!marked && !/"parameters"\s*:\s*$/.test(m[0])) {
+          this.lost = true;
+          break;
+        }
+        out.push({ index: this.count, id: newId('call'), type: 'function', function: { name: JSON.parse(m[1]), arguments: '' } });
+        this.count++;
+        this.pos = CALL_HEAD.lastIndex;
+        if (this.text[this.pos] !== '{') {
+          // Arguments as a JSON string, or not an object: the end-of-answer parse sends them.
+          this.lost = true;
+          this.unsent = this.count - 1;
+          break;
+        }
+        this.args = { depth: 0, str: false, esc: false };
+      }
+      const a = this.args;
+      let i = this.pos;
+      for (; i < this.text.length; i++) {
+        const c = this.text[i];
+        if (a.str) {
+          if (a.esc) a.esc = false;
+          else if (c === '\\') a.esc = true;
+          else if (c === '"') a.str = false;
+        } else if (c === '"') a.str = true;
+        else if (c === '{' || c === '[') a.depth++;
+        else if ((c === '}' || c === ']') && --a.depth === 0) {
+          i++;
+          this.args = null;
+          break;
+        }
+      }
+      if (i > this.pos) out.push({ index: this.count - 1, function: { arguments: this.text.slice(this.pos, i) } });
+      this.pos = i;
+      if (this.args) break;
+    }
+    return out;
+  }
+}
 const usageOf = (s) => ({ prompt_tokens: s.promptTokens, completion_tokens: s.generatedTokens, total_tokens: s.promptTokens + s.generatedTokens });
 
 async function modelName(engine) {
@@ -198,14 +278,20 @@ function chunks(kind, stream, { model, id, created, includeUsage, tools = false 
     chat ? { index: 0, delta: text === null ? {} : { content: text }, logprobs: null, finish_reason: finish } : { index: 0, text: text ?? '', logprobs: null, finish_reason: finish };
   async function* gen() {
     if (chat) yield { ...base(), choices: [{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] };
-    // With tools, text that may still open a call is held (see CALL_OPENERS).
+    // With tools, text that may still open a call is held (see CALL_OPENERS); while it may, it
+    // also goes to the call streamer, which sends a call's pieces as they are written.
     let held = tools ? '' : null;
+    const calls = tools ? new CallStream() : null;
+    const callChunk = (entries) => ({ ...base(), choices: [{ index: 0, delta: { tool_calls: entries }, logprobs: null, finish_reason: null }] });
     try {
       for await (const t of stream) {
         if (!t.text) continue;
         if (held !== null) {
           held += t.text;
-          if (mayBeCall(held)) continue;
+          if (mayBeCall(held)) {
+            for (const entry of calls.push(t.text)) yield callChunk([entry]);
+            continue;
+          }
           const text = held;
           held = null;
           yield { ...base(), choices: [choice(text, null)] };
@@ -219,9 +305,14 @@ function chunks(kind, stream, { model, id, created, includeUsage, tools = false 
     const s = await stream.stats;
     if (s.toolCalls?.length) {
       if (s.content) yield { ...base(), choices: [choice(s.content, null)] };
-      const calls = toolCallsOf(s.toolCalls).map((c, index) => ({ index, ...c }));
-      yield { ...base(), choices: [{ index: 0, delta: { tool_calls: calls }, logprobs: null, finish_reason: null }] };
-    } else if (held) {
+      // What the streamer did not send: the arguments of a call it opened but could not follow,
+      // and every call after it, whole (the engine's parse is the reference).
+      if (calls.unsent !== null && s.toolCalls[calls.unsent]) {
+        yield callChunk([{ index: calls.unsent, function: { arguments: JSON.stringify(s.toolCalls[calls.unsent].arguments ?? {}) } }]);
+      }
+      const rest = toolCallsOf(s.toolCalls.slice(calls.count)).map((c, k) => ({ index: calls.count + k, ...c }));
+      if (rest.length) yield callChunk(rest);
+    } else if (held && !calls?.count) {
       yield { ...base(), choices: [choice(held, null)] };
     }
     yield { ...base(), choices: [choice(null, finishReason(s.finishReason))], ...(includeUsage ? {} : { usage: usageOf(s) }) };

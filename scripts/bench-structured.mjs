@@ -3,12 +3,14 @@
 // (over Gemma 3's 262,144-token vocabulary) and the decode tok/s of the same greedy chat answer
 // with and without a JSON schema, natively (the `cera` binary, when --native names one) and in
 // headless Chromium. Each figure is the median of --runs runs; one JSON object is printed.
+// For the browser it sets up and builds what it needs first (scripts/prepare.mjs).
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { launchChromium, root, startServer } from './browser.mjs';
+import { prepare } from './prepare.mjs';
 
 const { values: a } = parseArgs({
   options: {
@@ -20,6 +22,7 @@ const { values: a } = parseArgs({
     port: { type: 'string', default: process.env.CERA_PORT || '18797' },
   },
 });
+if (!a['no-browser']) prepare({ model: a.model === 'models/gemma-3-270m-q4_k_m.gguf' });
 const runs = Number(a.runs);
 const nGen = Number(a['gen-tokens']);
 // Nested object, enum, array, required fields; compact so the answer is short.

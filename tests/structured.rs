@@ -1,8 +1,11 @@
 //! Structured output on the real Gemma 3 270M: JSON Schema, regex, Lark and GBNF constraints
 //! masking the logits on the GPU. Outputs are checked with independent validators (the
-//! `jsonschema` crate, the `regex` crate), never with the code under test. The model runs at
-//! about a second per decode step on the CPU-emulated GPU, so generations are few and short;
-//! each prints its time and the mask's CPU time per token.
+//! `jsonschema` crate, the `regex` crate), never with the code under test. The schema, the regex
+//! and the Lark grammar are each sampled at temperature 1 over 20 seeds. The model runs at about a
+//! second per decode step on the CPU-emulated GPU, so the answers are kept to a few sampled steps
+//! each: compact constraints with short free parts, forced text fed in one batch, the prompt fed
+//! once per sweep and the model loaded once for the file. Each generation logs its time and the
+//! mask's CPU time per token.
 #![cfg(not(target_arch = "wasm32"))]
 
 mod common;
@@ -30,6 +33,13 @@ struct Gemma {
     ctx: Arc<cera_web::gpu::GpuContext>,
     model: Arc<Model>,
     tok: Arc<Tokenizer>,
+}
+
+/// One model for every test of this file (the tests run on parallel threads): loaded once.
+static GEMMA: std::sync::OnceLock<Gemma> = std::sync::OnceLock::new();
+
+fn gemma() -> &'static Gemma {
+    GEMMA.get_or_init(Gemma::load)
 }
 
 impl Gemma {
@@ -125,18 +135,79 @@ fn sampled(seed: u64) -> SamplerParams {
     }
 }
 
-/// A nested object with an enum, an array and required fields; strings and arrays are bounded so
-/// a sampled answer stays short.
+/// How many seeds each sampled sweep runs: the full 20 by default; `CERA_STRUCTURED_SEEDS=N` for
+/// a quick look while working on the constraint code.
+fn seeds() -> u64 {
+    std::env::var("CERA_STRUCTURED_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20)
+}
+
+/// Sample one answer per seed at temperature 1 to the chat prompt `user` under `spec`, and check
+/// each with `check` (an independent validator returning why it rejects). The prompt is fed once;
+/// each seed goes back to the cells of the prompt but its last token and continues from there, so
+/// a seed costs only its own decode steps (the first step samples after that last prompt token).
+/// Every answer must end because the constraint completed, within `max_tokens`.
+fn sweep(
+    g: &Gemma,
+    what: &str,
+    user: &str,
+    spec: ConstraintSpec,
+    max_tokens: u32,
+    check: impl Fn(&str) -> Result<(), String>,
+) {
+    let prompt = g.chat_prompt(user);
+    let keep = prompt.len() - 1;
+    let mut session = g.session();
+    session.feed(&prompt[..keep]).unwrap();
+    let t0 = now_s();
+    let mut answers = std::collections::BTreeSet::new();
+    let mut tokens = 0;
+    let n = seeds();
+    for seed in 0..n {
+        session.truncate(keep as u32).unwrap();
+        let (_, text, stats) = g.run(
+            &mut session,
+            &prompt[keep..],
+            &opts(max_tokens, sampled(seed), Some(spec.clone())),
+            &format!("{what} seed {seed}"),
+        );
+        assert_eq!(
+            stats.finish_reason, "stop",
+            "{what} seed {seed}: the answer did not complete within {max_tokens} tokens: {text:?}"
+        );
+        if let Err(why) = check(&text) {
+            panic!("{what} seed {seed}: {text:?} is rejected: {why}");
+        }
+        tokens += stats.generated_tokens;
+        answers.insert(text);
+    }
+    tlog!(
+        "{what}: {n} seeds, all valid, {} distinct; {tokens} tokens in {:.1} s",
+        answers.len(),
+        now_s() - t0
+    );
+    // Temperature 1 must really sample: twenty seeds giving one answer would mean the seed or
+    // the temperature is lost on the way to the GPU sampler.
+    if n >= 5 {
+        assert!(answers.len() > 1, "{what}: every seed gave {answers:?}");
+    }
+}
+
+/// A nested object with an enum, an array and required fields. The string, the array and the
+/// integer are bounded so a sampled answer stays about six decode steps: the JSON keys and
+/// punctuation are forced and fed with the next step, costing no step of their own.
 fn person_schema() -> serde_json::Value {
     json!({
         "type": "object",
         "properties": {
-            "name": {"type": "string", "maxLength": 10},
+            "name": {"type": "string", "maxLength": 4},
             "role": {"enum": ["admin", "user", "guest"]},
-            "tags": {"type": "array", "items": {"enum": ["new", "vip"]}, "maxItems": 2},
+            "tags": {"type": "array", "items": {"enum": ["new", "vip"]}, "maxItems": 1},
             "address": {
                 "type": "object",
-                "properties": {"zip": {"type": "integer", "minimum": 0, "maximum": 99999}},
+                "properties": {"zip": {"type": "integer", "minimum": 0, "maximum": 9}},
                 "required": ["zip"],
                 "additionalProperties": false
             }
@@ -149,77 +220,99 @@ fn person_schema() -> serde_json::Value {
 
 #[test]
 fn gemma3_json_schema_outputs_parse_and_validate() {
-    let g = Gemma::load();
     let schema = person_schema();
     let validator = jsonschema::validator_for(&schema).unwrap();
-    let prompt =
-        g.chat_prompt("Describe a user of a web shop as JSON with name, role, tags and address.");
-    // Two seeds by default (a second or more per token on the CPU-emulated GPU);
-    // CERA_STRUCTURED_SEEDS=20 for the full sweep.
-    let seeds: u64 = std::env::var("CERA_STRUCTURED_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
-    let mut session = g.session();
-    for seed in 0..seeds {
-        let (_, text, stats) = g.run(
-            &mut session,
-            &prompt,
-            &opts(
-                64,
-                sampled(seed),
-                Some(ConstraintSpec::JsonSchema(schema.clone())),
-            ),
-            &format!("json schema seed {seed}"),
-        );
-        assert_eq!(
-            stats.finish_reason, "stop",
-            "seed {seed}: the object did not close within 64 tokens: {text}"
-        );
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("seed {seed}: not JSON ({e}): {text}"));
-        let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
-        assert!(
-            errors.is_empty(),
-            "seed {seed}: {text} does not validate: {errors:?}"
-        );
-    }
+    sweep(
+        gemma(),
+        "json schema",
+        "Describe a user of a web shop as JSON with name, role, tags and address.",
+        ConstraintSpec::JsonSchema(schema.clone()),
+        32,
+        |text| {
+            let v: serde_json::Value =
+                serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+            let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+            if errors.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("does not validate: {errors:?}"))
+            }
+        },
+    );
 }
 
 #[test]
-fn gemma3_regex_lark_and_gbnf_outputs_match() {
-    let g = Gemma::load();
-    let mut session = g.session();
-    let prompt = g.chat_prompt("Is the sky blue? Answer yes or no and give a short reason.");
-    let rx = "(yes|no), because [a-z ]{3,30}\\.";
-    let (_, text, _) = g.run(
-        &mut session,
-        &prompt,
-        &opts(24, sampled(1), Some(ConstraintSpec::Regex(rx.into()))),
+fn gemma3_regex_outputs_match() {
+    // An alternative, character classes, an optional part and literals; about three steps.
+    let rx = "(yes|no), [1-9][0-9]?% sure";
+    let re = regex::Regex::new(&format!("^(?:{rx})$")).unwrap();
+    sweep(
+        gemma(),
         "regex",
+        "Is the sky blue? Answer yes or no, then how sure you are in percent.",
+        ConstraintSpec::Regex(rx.into()),
+        12,
+        |text| {
+            re.is_match(text)
+                .then_some(())
+                .ok_or(format!("no match for {rx}"))
+        },
     );
-    assert!(
-        regex::Regex::new(&format!("^(?:{rx})$"))
-            .unwrap()
-            .is_match(&text),
-        "{text:?} does not match {rx}"
-    );
+}
 
-    let lark = "start: \"The answer is \" NUMBER \".\"\nNUMBER: /[0-9]{1,3}/\n";
-    let prompt = g.chat_prompt("What is 6 times 7?");
-    let (_, text, _) = g.run(
+#[test]
+fn gemma3_lark_outputs_match() {
+    // Rules, an alternative and a terminal by regex.
+    let lark = "start: answer \".\"\nanswer: \"The answer is \" NUMBER | \"I do not know\"\nNUMBER: /[0-9]{1,3}/\n";
+    let re = regex::Regex::new("^(The answer is [0-9]{1,3}|I do not know)\\.$").unwrap();
+    sweep(
+        gemma(),
+        "lark",
+        "What is 6 times 7?",
+        ConstraintSpec::Lark(lark.into()),
+        8,
+        |text| re.is_match(text).then_some(()).ok_or("no match".into()),
+    );
+}
+
+/// Text the grammar forces after the last choice is written out to its end: the forced tokens are
+/// committed to the grammar before they are handed out, and the generation must not stop at the
+/// first of them although the grammar already counts as complete. One sampled token (the digit).
+#[test]
+fn gemma3_forced_text_is_written_to_the_end() {
+    let g = gemma();
+    let mut session = g.session();
+    let lark = "start: \"The answer is \" /[0-9]/ \", and that is all I know about it.\"\n";
+    let prompt = g.chat_prompt("What is 2 plus 2?");
+    let (ids, text, stats) = g.run(
         &mut session,
         &prompt,
-        &opts(12, sampled(2), Some(ConstraintSpec::Lark(lark.into()))),
-        "lark",
+        &opts(
+            24,
+            SamplerParams::greedy(),
+            Some(ConstraintSpec::Lark(lark.into())),
+        ),
+        "forced tail",
     );
+    assert_eq!(stats.finish_reason, "stop", "{text:?}");
     assert!(
-        regex::Regex::new("^The answer is [0-9]{1,3}\\.$")
+        regex::Regex::new("^The answer is [0-9], and that is all I know about it\\.$")
             .unwrap()
             .is_match(&text),
         "{text:?}"
     );
+    // Several tokens after the digit: the case that stopped early.
+    let digit = ids
+        .iter()
+        .position(|&t| g.tok.token_bytes(t).iter().any(u8::is_ascii_digit))
+        .unwrap();
+    assert!(ids.len() - digit > 3, "{ids:?}");
+}
 
+#[test]
+fn gemma3_gbnf_output_matches() {
+    let g = gemma();
+    let mut session = g.session();
     let gbnf = "root ::= answer \" \" color\nanswer ::= \"Yes\" | \"No\"\ncolor ::= (\"red\" | \"green\" | \"blue\") \".\"\n";
     let prompt = g.chat_prompt("Is the sky blue, and what color is it?");
     let (_, text, _) = g.run(
@@ -242,7 +335,7 @@ fn gemma3_regex_lark_and_gbnf_outputs_match() {
 /// schema sits in a Lark grammar that allows text without braces before it.
 #[test]
 fn gemma3_greedy_with_an_admitting_schema_is_unchanged() {
-    let g = Gemma::load();
+    let g = gemma();
     // A raw prompt the model continues with one more object of the list.
     let prompt = g.tok.encode("[{\"city\": \"Paris\", \"country\": \"France\"}, {\"city\": \"Berlin\", \"country\": \"Germany\"},", true, false);
     let mut session = g.session();
@@ -302,7 +395,7 @@ fn gemma3_greedy_with_an_admitting_schema_is_unchanged() {
 /// errors; a constraint that cannot finish within max_tokens ends with "length".
 #[test]
 fn gemma3_bad_constraints_are_clear_errors() {
-    let g = Gemma::load();
+    let g = gemma();
     let mut session = g.session();
     let prompt = g.chat_prompt("Hi");
     let err = |spec: ConstraintSpec| {

@@ -563,6 +563,7 @@ fn environment() -> minijinja::Environment<'static> {
     let mut env = minijinja::Environment::new();
     env.set_syntax(syntax());
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_filter("tojson", tojson);
     env.add_function(
         "raise_exception",
         |msg: String| -> std::result::Result<String, minijinja::Error> {
@@ -573,6 +574,186 @@ fn environment() -> minijinja::Environment<'static> {
         },
     );
     env
+}
+
+/// `tojson` as chat templates are written for: Python's `json.dumps`, which is what Hugging Face's
+/// renderer registers under that name (and what llama.cpp's renderer writes). Keys in their
+/// order, `", "` and `": "` between items (`","` and a newline with `indent`), non-ASCII text as
+/// it is, and no HTML escaping: Jinja's and minijinja's own `tojson` write `<`, `>`, `&` and `'`
+/// as `\u003c`..., so a tool description such as "a < b" would reach the model unlike the prompts
+/// it was trained on. Takes `json.dumps`'s `indent` (also positional, as Jinja's filter does),
+/// `separators`, `ensure_ascii` and `sort_keys`.
+fn tojson(
+    state: &minijinja::State,
+    value: minijinja::Value,
+    indent: Option<minijinja::Value>,
+    kwargs: minijinja::value::Kwargs,
+) -> std::result::Result<minijinja::Value, minijinja::Error> {
+    let bad = |what: String| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, what);
+    let indent = match indent {
+        Some(v) => Some(v),
+        None => kwargs.get::<Option<minijinja::Value>>("indent")?,
+    };
+    // An integer is that many spaces, a string is itself (as in Python); none is one line.
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() || v.is_undefined() => None,
+        Some(v) => match (v.as_str(), i64::try_from(v.clone()).ok()) {
+            (Some(s), _) => Some(s.to_string()),
+            (None, Some(n)) if (0..=64).contains(&n) => Some(" ".repeat(n as usize)),
+            _ => {
+                return Err(bad(format!(
+                    "tojson: indent must be a small integer or a string, not {v}"
+                )))
+            }
+        },
+    };
+    let (item, key) = match kwargs.get::<Option<minijinja::Value>>("separators")? {
+        Some(v) if !v.is_none() => {
+            let parts: Vec<String> = v
+                .try_iter()
+                .map_err(|_| bad(format!("tojson: separators must be two strings, not {v}")))?
+                .map(|p| p.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .filter(|p| p.len() == 2)
+                .ok_or_else(|| bad(format!("tojson: separators must be two strings, not {v}")))?;
+            (parts[0].clone(), parts[1].clone())
+        }
+        _ if indent.is_some() => (",".to_string(), ": ".to_string()),
+        _ => (", ".to_string(), ": ".to_string()),
+    };
+    let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    kwargs.assert_all_used()?;
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(
+        &mut out,
+        PyJson {
+            item,
+            key,
+            indent,
+            level: 0,
+            has_value: false,
+            ensure_ascii,
+        },
+    );
+    let written = if sort_keys {
+        serde_json::to_value(&value).and_then(|mut v| {
+            v.sort_all_objects();
+            serde::Serialize::serialize(&v, &mut ser)
+        })
+    } else {
+        serde::Serialize::serialize(&value, &mut ser)
+    };
+    written.map_err(|e| bad(format!("tojson: cannot write this value as JSON: {e}")))?;
+    // The engine charges for the returned string; this is the walk that produced it.
+    state.consume_fuel(out.len() as u64 / 16)?;
+    let text = String::from_utf8(out).map_err(|_| bad("tojson: not UTF-8".into()))?;
+    Ok(minijinja::Value::from_safe_string(text))
+}
+
+/// serde_json's output in `json.dumps`'s layout (see [`tojson`]).
+struct PyJson {
+    item: String,
+    key: String,
+    indent: Option<String>,
+    level: usize,
+    /// Whether the container being written holds a value (an empty one stays `[]` / `{}`).
+    has_value: bool,
+    ensure_ascii: bool,
+}
+
+impl PyJson {
+    fn newline<W: ?Sized + std::io::Write>(&self, w: &mut W) -> std::io::Result<()> {
+        if let Some(ind) = &self.indent {
+            w.write_all(b"\n")?;
+            for _ in 0..self.level {
+                w.write_all(ind.as_bytes())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn open<W: ?Sized + std::io::Write>(&mut self, w: &mut W, c: &[u8]) -> std::io::Result<()> {
+        self.level += 1;
+        self.has_value = false;
+        w.write_all(c)
+    }
+
+    fn close<W: ?Sized + std::io::Write>(&mut self, w: &mut W, c: &[u8]) -> std::io::Result<()> {
+        self.level -= 1;
+        if self.has_value {
+            self.newline(w)?;
+        }
+        w.write_all(c)
+    }
+
+    fn next<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if !first {
+            w.write_all(self.item.as_bytes())?;
+        }
+        self.newline(w)
+    }
+}
+
+impl serde_json::ser::Formatter for PyJson {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"[")
+    }
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"]")
+    }
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.next(w, first)
+    }
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"{")
+    }
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"}")
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.next(w, first)
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(self.key.as_bytes())
+    }
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+    /// `ensure_ascii`: everything from DEL up as `\uXXXX` (UTF-16, as Python writes it).
+    fn write_string_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        if !self.ensure_ascii {
+            return w.write_all(fragment.as_bytes());
+        }
+        for c in fragment.chars() {
+            if (c as u32) < 0x7f {
+                w.write_all(&[c as u8])?;
+            } else {
+                for u in c.encode_utf16(&mut [0; 2]) {
+                    write!(w, "\\u{u:04x}")?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An error's detail (e.g. raise_exception's message) and where it happened.
@@ -795,6 +976,39 @@ mod tests {
             t.render(&[ChatMessage::user("  hi ")], false).unwrap(),
             "HI"
         );
+    }
+
+    /// `tojson` writes what Python's `json.dumps` writes under Hugging Face's renderer (expected
+    /// strings from Python 3): no HTML escaping, keys in order, its separators and options.
+    #[test]
+    fn tojson_writes_what_python_json_dumps_writes() {
+        let render = |expr: &str| {
+            let src = format!(
+                "{{% set v = {{'b': messages[0].content, 'a': [1, {{}}, []], 'c': {{'x': none, 'y': true}}}} %}}{{{{ {expr} }}}}"
+            );
+            ChatTemplate::new(&src, "", "")
+                .unwrap()
+                .render(&[ChatMessage::user("a < b & c > d, it's \u{e9}")], false)
+        };
+        assert_eq!(
+            render("v|tojson").unwrap(),
+            r#"{"b": "a < b & c > d, it's é", "a": [1, {}, []], "c": {"x": null, "y": true}}"#
+        );
+        let pretty = "{\n  \"b\": \"a < b & c > d, it's \u{e9}\",\n  \"a\": [\n    1,\n    {},\n    []\n  ],\n  \"c\": {\n    \"x\": null,\n    \"y\": true\n  }\n}";
+        assert_eq!(render("v|tojson(indent=2)").unwrap(), pretty);
+        assert_eq!(render("v|tojson(2)").unwrap(), pretty);
+        assert_eq!(
+            render("v|tojson(sort_keys=true, ensure_ascii=true, separators=[',', ':'])").unwrap(),
+            r#"{"a":[1,{},[]],"b":"a < b & c > d, it's \u00e9","c":{"x":null,"y":true}}"#
+        );
+        assert_eq!(
+            render("'\u{1F600}\u{7f}'|tojson(ensure_ascii=true)").unwrap(),
+            r#""\ud83d\ude00\u007f""#
+        );
+        let e = render("v|tojson(colour=1)").unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument, "{e}");
+        let e = render("v|tojson(separators=[','])").unwrap_err();
+        assert!(e.to_string().contains("separators"), "{e}");
     }
 
     fn weather_tool() -> serde_json::Value {

@@ -603,8 +603,12 @@ impl Session {
                     Some("aborted")
                 } else if hit {
                     Some("stop")
-                } else if sampler.constraint_mut().is_some_and(|c| c.is_stopped()) {
-                    // The grammar can take nothing more: only end of generation is left.
+                } else if forced.is_empty()
+                    && sampler.constraint_mut().is_some_and(|c| c.is_stopped())
+                {
+                    // The grammar can take nothing more: only end of generation is left. Forced
+                    // tokens are committed to the grammar before they are handed out, so it
+                    // reports stopped while the last of them are still to come.
                     Some("stop")
                 } else if opts.max_tokens > 0 && stats.generated_tokens >= opts.max_tokens {
                     Some("length")

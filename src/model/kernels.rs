@@ -262,7 +262,7 @@ pub fn glu_down(
     let cfg = if n == 1 {
         matmul::MatmulConfig::gemv_for(rec.ctx, down.ty, down.rows, down.cols)
     } else {
-        matmul::MatmulConfig::gemm(rec.ctx)
+        matmul::MatmulConfig::gemm(rec.ctx, n)
     };
     matmul::prepare_glu_fused(rec, cfg, act, down, gate_up, 0, n_ff, 2 * n_ff, y, 0, n)
 }

@@ -154,10 +154,9 @@ test('openai client: tool calls streamed as delta.tool_calls; plain text with to
   for await (const ch of stream) chunks.push(ch);
   assert.equal(chunks.map((ch) => ch.choices[0]?.delta?.content ?? '').join(''), '', 'the call is not streamed as text');
   const calls = chunks.flatMap((ch) => ch.choices[0]?.delta?.tool_calls ?? []);
-  assert.equal(calls.length, 1);
-  assert.equal(calls[0].index, 0);
+  assert.ok(calls.every((c) => c.index === 0));
   assert.equal(calls[0].function.name, 'get_weather');
-  assert.deepEqual(JSON.parse(calls[0].function.arguments), { city: 'Paris' });
+  assert.deepEqual(JSON.parse(calls.map((c) => c.function.arguments).join('')), { city: 'Paris' });
   assert.equal(chunks.find((ch) => ch.choices[0]?.finish_reason).choices[0].finish_reason, 'tool_calls');
   // The openai helper that accumulates a stream agrees.
   const engine2 = scriptedEngine(callText, 'tool_calls', callStats);
@@ -170,4 +169,70 @@ test('openai client: tool calls streamed as delta.tool_calls; plain text with to
   const pieces = [];
   for await (const ch of s2) if (ch.choices[0]?.delta?.content) pieces.push(ch.choices[0].delta.content);
   assert.deepEqual(pieces, ['Sun', 'ny.'], 'text that cannot open a call is not held back');
+});
+
+/** The `delta.tool_calls` entries of a stream, in order. */
+async function toolDeltas(engine, body = {}) {
+  const stream = await client(engine).chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], tools: [weatherTool], stream: true, ...body });
+  const out = [];
+  for await (const ch of stream) {
+    assert.equal(ch.choices[0]?.delta?.content ?? '', '', 'no call text as content');
+    out.push(...(ch.choices[0]?.delta?.tool_calls ?? []));
+  }
+  return out;
+}
+
+test('openai client: a call\'s arguments stream as they are written, the first delta naming the call', async () => {
+  // Two calls in Qwen's syntax, cut at awkward places (inside the head, a key, a string holding
+  // a brace and an escaped quote, between the calls).
+  const pieces = ['<tool', '_call>\n{"name": "get', '_weather", "argu', 'ments": {"ci', 'ty": "Pa{r\\"is"', ', "days": [1, ', '2]}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": ', '{"city": "Oslo"}', '}\n</tool_call>'];
+  const toolCalls = [
+    { name: 'get_weather', arguments: { city: 'Pa{r"is', days: [1, 2] } },
+    { name: 'get_weather', arguments: { city: 'Oslo' } },
+  ];
+  const deltas = await toolDeltas(scriptedEngine(pieces, 'tool_calls', { toolCalls, content: '' }));
+  for (const [i, want] of toolCalls.entries()) {
+    const mine = deltas.filter((d) => d.index === i);
+    assert.equal(mine[0].type, 'function');
+    assert.match(mine[0].id, /^call-/);
+    assert.equal(mine[0].function.name, 'get_weather');
+    assert.equal(mine[0].function.arguments, '');
+    assert.ok(mine.slice(1).every((d) => d.id === undefined && d.function.name === undefined), JSON.stringify(mine));
+    assert.deepEqual(JSON.parse(mine.map((d) => d.function.arguments).join('')), want.arguments);
+  }
+  // The first call's arguments came in four pieces, as generated (not one delta at the end).
+  assert.equal(deltas.filter((d) => d.index === 0).length, 5, JSON.stringify(deltas));
+  assert.notEqual(deltas[0].id, deltas.find((d) => d.index === 1).id);
+  // The openai helper that accumulates a stream puts them back together.
+  const runner = client(scriptedEngine(pieces, 'tool_calls', { toolCalls, content: '' })).chat.completions.stream({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], tools: [weatherTool] });
+  const final = await runner.finalChatCompletion();
+  assert.deepEqual(
+    final.choices[0].message.tool_calls.map((c) => [c.function.name, JSON.parse(c.function.arguments)]),
+    toolCalls.map((c) => [c.name, c.arguments]),
+  );
+
+  // Llama's bare JSON ("parameters") streams the same way.
+  const llama = await toolDeltas(scriptedEngine(['{"name": "get_weather", "parameters": {"city"', ': "Rome"}}'], 'tool_calls', { toolCalls: [{ name: 'get_weather', arguments: { city: 'Rome' } }], content: '' }));
+  assert.deepEqual(llama.map((d) => d.function.arguments), ['', '{"city"', ': "Rome"}']);
+
+  // A call the streamer cannot follow (LFM2's Python-style list; arguments written as a string)
+  // still arrives whole at the end, each once.
+  const lfm = await toolDeltas(scriptedEngine(['[get_weather(city=', '"Rome")]'], 'tool_calls', { toolCalls: [{ name: 'get_weather', arguments: { city: 'Rome' } }], content: '' }));
+  assert.equal(lfm.length, 1);
+  assert.deepEqual([lfm[0].index, lfm[0].function.name, JSON.parse(lfm[0].function.arguments)], [0, 'get_weather', { city: 'Rome' }]);
+  const str = await toolDeltas(scriptedEngine(['<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}\n</tool_call>'], 'tool_calls', { toolCalls: [{ name: 'get_weather', arguments: { city: 'Rome' } }], content: '' }));
+  assert.equal(str.length, 2, JSON.stringify(str));
+  assert.equal(str[0].function.name, 'get_weather');
+  assert.deepEqual(JSON.parse(str[1].function.arguments), { city: 'Rome' });
+  assert.equal(str[1].index, 0);
+
+  // Free text that merely begins with a brace is text: no call delta, the whole text as content.
+  const brace = ['{"name": "x", "arguments": ', '{"a": 1}} is JSON.'];
+  const s3 = await client(scriptedEngine(brace, 'stop', { toolCalls: [], content: brace.join('') })).chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], tools: [weatherTool], stream: true });
+  let content = '';
+  for await (const ch of s3) {
+    assert.equal(ch.choices[0]?.delta?.tool_calls, undefined);
+    content += ch.choices[0]?.delta?.content ?? '';
+  }
+  assert.equal(content, brace.join(''));
 });

@@ -129,7 +129,7 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
             .unwrap_or_else(|| vec![GemmConfig::for_shape(ctx, *r, n_tokens)]);
         let mut kernels: Vec<Kernel> = tiles.into_iter().map(Kernel::Tiled).collect();
         if registers {
-            kernels.push(Kernel::Registers(MatmulConfig::gemm(ctx)));
+            kernels.push(Kernel::Registers(MatmulConfig::gemm(ctx, n_tokens)));
         }
         // About 20 GFLOP per sample unless told (a few ms on a big GPU, so the submit and the
         // readback do not dominate; on a CPU adapter pass a small --iters).
