@@ -196,6 +196,12 @@ synthetic! {
     lfm2_f32 => "lfm2-F32", lfm2_q8_0 => "lfm2-Q8_0", lfm2_q4_0 => "lfm2-Q4_0", lfm2_q5_0 => "lfm2-Q5_0", lfm2_q4_k => "lfm2-Q4_K", lfm2_q6_k => "lfm2-Q6_K",
 }
 
+// Qwen3.5 (gated delta-net hybrid): the conv and delta-rule states carried token to token
+// (batch 1) and across chunk boundaries (chunks of 5), the gated attention layers between them.
+synthetic! {
+    qwen35_f32 => "qwen35-F32",
+}
+
 // Phi-3 (long factors, partial rotary, attention factor 1.18): a context shift re-rotates the
 // kept K cells by a pure rotation, so the first layer's K cells (which depend on the token and
 // its position alone) equal those of a fresh evaluation of the kept tokens at their new

@@ -718,6 +718,7 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
             src: &sb,
             stride: stride as u64,
             q_col: q_col as u64,
+            q_head_stride: hd as u64,
             k_col: k_col as u64,
             v_col: v_col as u64,
             q_out: &qo,
