@@ -67,6 +67,15 @@ pub struct KvCache {
     recurrent_at: u32,
 }
 
+/// A copy of every recurrent layer's state after `pos` tokens ([`KvCache::checkpoint`]): a
+/// session restores it to continue from `pos` after a rewind, evaluating again only the tokens
+/// after it.
+pub struct RecurrentCheckpoint {
+    pub pos: u32,
+    /// Per recurrent layer, in layer order: `(conv, delta)`.
+    states: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+}
+
 /// The state of one gated delta-net layer.
 pub struct RecurrentState {
     /// `(d_conv - 1, channels)` f32: the conv's last inputs, oldest first.
@@ -243,6 +252,70 @@ impl KvCache {
     /// The position the recurrent states describe: the tokens they have seen.
     pub fn recurrent_at(&self) -> u32 {
         self.recurrent_at
+    }
+
+    /// Mark the recurrent states as describing no position (a pass ran that must not count): the
+    /// next step starts from a checkpoint or position 0.
+    pub fn invalidate_recurrent(&mut self) {
+        self.recurrent_at = u32::MAX;
+    }
+
+    /// Copy every recurrent state (they describe `n_past` tokens) into `reuse`'s buffers, or new
+    /// ones. Encodes and submits one command buffer, after the passes already submitted.
+    pub fn checkpoint(
+        &self,
+        ctx: &GpuContext,
+        reuse: Option<RecurrentCheckpoint>,
+    ) -> Result<RecurrentCheckpoint> {
+        if self.recurrent_at != self.n_past {
+            return Err(Error::internal(format!(
+                "checkpoint at {} of recurrent states at {}",
+                self.n_past, self.recurrent_at
+            )));
+        }
+        let mut states = reuse.map(|c| c.states).unwrap_or_default();
+        let layers: Vec<&RecurrentState> = self.recurrent.iter().flatten().collect();
+        if states.len() != layers.len() {
+            states = layers
+                .iter()
+                .map(|r| {
+                    Ok((
+                        ctx.empty_storage("checkpoint conv state", r.conv.size())?,
+                        ctx.empty_storage("checkpoint delta state", r.delta.size())?,
+                    ))
+                })
+                .collect::<Result<_>>()?;
+        }
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        for (r, (c, d)) in layers.iter().zip(&states) {
+            enc.copy_buffer_to_buffer(&r.conv, 0, c, 0, r.conv.size());
+            enc.copy_buffer_to_buffer(&r.delta, 0, d, 0, r.delta.size());
+        }
+        ctx.submit([enc.finish()]);
+        Ok(RecurrentCheckpoint {
+            pos: self.n_past,
+            states,
+        })
+    }
+
+    /// Put a checkpoint's states back: they describe `cp.pos` tokens (at most `n_past`; the
+    /// caller evaluates the tokens after it again). Encodes and submits one command buffer.
+    pub fn restore(&mut self, ctx: &GpuContext, cp: &RecurrentCheckpoint) -> Result<()> {
+        let layers: Vec<&RecurrentState> = self.recurrent.iter().flatten().collect();
+        if cp.pos > self.n_past || cp.states.len() != layers.len() {
+            return Err(Error::internal(format!(
+                "restore a checkpoint at {} into a cache of {} cells",
+                cp.pos, self.n_past
+            )));
+        }
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        for (r, (c, d)) in layers.iter().zip(&cp.states) {
+            enc.copy_buffer_to_buffer(c, 0, &r.conv, 0, r.conv.size());
+            enc.copy_buffer_to_buffer(d, 0, &r.delta, 0, r.delta.size());
+        }
+        ctx.submit([enc.finish()]);
+        self.recurrent_at = cp.pos;
+        Ok(())
     }
 
     /// Whether a step may start at `pos0`: always without recurrent layers; with them, at 0 (the
