@@ -215,7 +215,9 @@ impl Session {
 
     /// Keep only the first `n` tokens (the common prefix of a new prompt): the cache after them
     /// is forgotten, and every layer's state is what it was after token `n` (conv rows are kept
-    /// per cell), so continuing is exactly a fresh evaluation of the prefix and what follows.
+    /// per cell; recurrent states are restored from a checkpoint and brought forward when the
+    /// next tokens are fed), so continuing is exactly a fresh evaluation of the prefix and what
+    /// follows.
     pub fn truncate(&mut self, n: u32) -> Result<()> {
         let held = self.kv.n_past();
         if n > held {

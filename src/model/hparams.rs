@@ -392,7 +392,34 @@ impl HParams {
                         format!("qwen35: inconsistent delta-net shape (conv_kernel {}, state_size {s}, group_count {hk}, time_step_rank {hv}, inner_size {d_inner}, full_attention_interval {interval})", hp.ssm_d_conv),
                     ));
                 }
-                hp.recurrent_layers = (0..n_layer).map(|l| (l + 1) % interval != 0).collect();
+                // Multi-token-prediction blocks (`nextn_predict_layers`) follow the trunk's
+                // layers in the file; llama.cpp runs them only for drafting, and so they are
+                // left unread here.
+                let nextn = h.get_u32(&key("nextn_predict_layers")).unwrap_or(0);
+                if nextn >= n_layer {
+                    return Err(Error::new(
+                        ErrorCode::BadGguf,
+                        format!("qwen35: {nextn} prediction layers of {n_layer} blocks"),
+                    ));
+                }
+                hp.n_layer = n_layer - nextn;
+                hp.conv_layers.truncate(hp.n_layer as usize);
+                // `attention.recurrent_layers` (per block) when present, else the interval.
+                hp.recurrent_layers = match h.get_array(&key("attention.recurrent_layers")) {
+                    Some(crate::gguf::MetaArray::Bool(v)) if v.len() >= hp.n_layer as usize => {
+                        v[..hp.n_layer as usize].to_vec()
+                    }
+                    Some(_) => {
+                        return Err(Error::new(
+                            ErrorCode::BadGguf,
+                            format!(
+                                "{} must be one bool per block",
+                                key("attention.recurrent_layers")
+                            ),
+                        ))
+                    }
+                    None => (0..hp.n_layer).map(|l| (l + 1) % interval != 0).collect(),
+                };
                 check_text_imrope(h, &key("rope.dimension_sections"), n_rot)?;
             }
         }
@@ -577,6 +604,54 @@ mod tests {
         assert_eq!((hp.ssm_conv_dim(), hp.ssm_value_dim()), (128, 64));
         assert!(hp.attn_gate && hp.qk_norm && hp.rope_type == RopeType::Neox);
         assert_eq!((hp.n_rot, hp.q_proj_dim(), hp.qkv_width()), (8, 128, 192));
+    }
+
+    /// A Qwen3.5 header with `nextn_predict_layers` (a multi-token-prediction block after the
+    /// trunk) and, optionally, `attention.recurrent_layers`.
+    fn qwen35_header(recurrent: Option<Vec<bool>>) -> Vec<u8> {
+        let mut w = crate::gguf::GgufWriter::new();
+        w.meta("general.architecture", "qwen35");
+        for (k, v) in [
+            ("embedding_length", 64u32),
+            ("block_count", 5),
+            ("feed_forward_length", 128),
+            ("attention.head_count", 4),
+            ("attention.head_count_kv", 2),
+            ("attention.key_length", 16),
+            ("vocab_size", 512),
+            ("ssm.conv_kernel", 4),
+            ("ssm.state_size", 16),
+            ("ssm.group_count", 2),
+            ("ssm.time_step_rank", 4),
+            ("ssm.inner_size", 64),
+            ("nextn_predict_layers", 1),
+        ] {
+            w.meta(format!("qwen35.{k}"), v);
+        }
+        if let Some(r) = recurrent {
+            w.meta(
+                "qwen35.attention.recurrent_layers",
+                crate::gguf::MetaArray::Bool(r),
+            );
+        }
+        w.to_bytes()
+    }
+
+    #[test]
+    fn qwen35_trunk_layers_and_recurrent_flags() {
+        // No interval key: llama.cpp's default of 4; the prediction block is not a layer.
+        let bytes = qwen35_header(None);
+        let hp = HParams::from_gguf(&crate::gguf::parse_bytes(&bytes).unwrap().0).unwrap();
+        assert_eq!(hp.n_layer, 4);
+        assert_eq!(hp.recurrent_layers, [true, true, true, false]);
+        // The per-block flags win (the prediction block's is dropped).
+        let bytes = qwen35_header(Some(vec![false, true, false, true, false]));
+        let hp = HParams::from_gguf(&crate::gguf::parse_bytes(&bytes).unwrap().0).unwrap();
+        assert_eq!(hp.recurrent_layers, [false, true, false, true]);
+        // Too few flags are refused, named.
+        let bytes = qwen35_header(Some(vec![true; 3]));
+        let e = HParams::from_gguf(&crate::gguf::parse_bytes(&bytes).unwrap().0).unwrap_err();
+        assert!(e.message.contains("recurrent_layers"), "{e}");
     }
 
     #[test]
