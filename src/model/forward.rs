@@ -13,7 +13,8 @@
 //! ```
 //! LFM2's short-convolution layers replace the attention block with a gated convolution
 //! (`lfm2.rs`), Qwen3.5's gated delta-net layers with a recurrent one (`qwen35.rs`, which also
-//! describes its gated attention); SmolLM3's every fourth layer has no rope (a rope of zero rotary dimensions).
+//! describes its gated attention); SmolLM3's every fourth layer has no rope (a rope of zero
+//! rotary dimensions).
 //! Phi-3 stores q, k, v in one tensor and gate, up in one (the same GEMVs as a fusion made at
 //! load), and brings two sets of LongRoPE factors, chosen by the cache's context length.
 //! Encoding is synchronous; the caller submits and reads back.

@@ -65,7 +65,8 @@ pub struct SsmConvBuffers<'a> {
     pub src: &'a wgpu::Buffer,
     pub in_offset: u64,
     pub in_stride: u64,
-    /// `(channels, d_conv)` f32, oldest tap first (GGUF `ssm_conv1d.weight`, ne = [d_conv, channels]).
+    /// `(channels, d_conv)` f32, oldest tap first (GGUF `ssm_conv1d.weight`,
+    /// ne = [d_conv, channels]).
     pub weight: &'a wgpu::Buffer,
     /// `(d_conv - 1, channels)` f32: the last inputs, oldest first; read and advanced.
     pub state: &'a wgpu::Buffer,
