@@ -11,8 +11,8 @@
 // Defines (chosen in src/ops/qk_rope.rs):
 //   WG_SIZE: invocations per workgroup, a power of two (the norm's tree reduction halves it).
 //   SRC: q, k and v are read from one source, the fused projection output `k` (T, in_stride):
-//     q head j of token t at q_offset + t * in_stride + j * head_dim, k and v heads likewise from
-//     k_offset and v_offset; the roped q is written to `q` (T, n_head, head_dim) from element 0.
+//     q head j of token t at q_offset + t * in_stride + j * q_head_stride, k and v heads at
+//     k_offset (v_offset) + t * in_stride + j * head_dim; the roped q is written to `q` (T, n_head, head_dim) from element 0.
 //     Without SRC, q is roped in place and k and v come from their own (T, n_kv_head, head_dim).
 //   NORM: normalise each head first (sum of squares: a strided partial sum per thread, then a tree
 //     in workgroup memory). Threads read other threads' elements for the sum, so a barrier
@@ -35,7 +35,7 @@ struct QkRopeParams {
     v_offset: u32,  // element index of v[0, 0, 0]
     in_stride: u32, // SRC: elements between one token's q, k, v and the next token's
     attn_factor: f32, // multiplies the rotated pairs (LongRoPE's attention factor; 1 elsewhere)
-    _pad0: u32,
+    q_head_stride: u32, // SRC: elements between q heads (head_dim; 2 head_dim where gates interleave)
     _pad1: u32,
     _pad2: u32,
 }
@@ -94,7 +94,7 @@ fn qk_rope(
     if is_q {
         t = row / p.n_head;
 #ifdef SRC
-        base = p.q_offset + t * p.in_stride + (row % p.n_head) * p.head_dim;
+        base = p.q_offset + t * p.in_stride + (row % p.n_head) * p.q_head_stride;
         qout = row * p.head_dim;
 #else
         base = p.q_offset + row * p.head_dim;

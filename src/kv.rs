@@ -10,6 +10,12 @@
 //! n_embd)` f32 ([`KvCache::with_conv_rows`]), which a shift moves like V cells. The conv state
 //! after any prefix is then its last `l_cache - 1` rows: rewinds and chat-turn reuse stay exact,
 //! and a shift keeps the state of the tokens it keeps (docs/architecture.md, decision 13).
+//!
+//! Gated delta-net layers (Qwen3.5) keep no K/V either: they keep a recurrent state of fixed size
+//! ([`KvCache::with_recurrent`]), a rolling conv state of the last `d_conv - 1` inputs and an
+//! `S x S` matrix per value head, which the forward pass advances. The state describes one
+//! position ([`KvCache::recurrent_at`]): a step may continue from there or start over at 0, and
+//! after a rewind the tokens must be evaluated again from the start. A shift keeps the state.
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::gpu::GpuContext;
@@ -55,6 +61,27 @@ pub struct KvCache {
     /// Per layer: the conv rows of a short-convolution layer, `(n_ctx, conv_width)` f32.
     conv: Vec<Option<wgpu::Buffer>>,
     conv_width: u32,
+    /// Per layer: the recurrent state of a gated delta-net layer.
+    recurrent: Vec<Option<RecurrentState>>,
+    /// The position the recurrent states describe (the tokens they have seen).
+    recurrent_at: u32,
+}
+
+/// A copy of every recurrent layer's state after `pos` tokens ([`KvCache::checkpoint`]): a
+/// session restores it to continue from `pos` after a rewind, evaluating again only the tokens
+/// after it.
+pub struct RecurrentCheckpoint {
+    pub pos: u32,
+    /// Per recurrent layer, in layer order: `(conv, delta)`.
+    states: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+}
+
+/// The state of one gated delta-net layer.
+pub struct RecurrentState {
+    /// `(d_conv - 1, channels)` f32: the conv's last inputs, oldest first.
+    pub conv: wgpu::Buffer,
+    /// `(n_v_heads, S, S)` f32: the delta rule's state, row j of a head = column j of S.
+    pub delta: wgpu::Buffer,
 }
 
 impl KvCache {
@@ -164,7 +191,137 @@ impl KvCache {
             n_past: 0,
             conv,
             conv_width: width,
+            recurrent: Vec::new(),
+            recurrent_at: 0,
         })
+    }
+
+    /// Give the layers flagged in `layers` a recurrent state (`conv_bytes` and `delta_bytes`
+    /// each) in place of K and V, whose buffers become placeholders that are never bound.
+    pub fn with_recurrent(
+        mut self,
+        ctx: &GpuContext,
+        layers: &[bool],
+        conv_bytes: u64,
+        delta_bytes: u64,
+    ) -> Result<Self> {
+        if layers.len() != self.layers.len() || conv_bytes == 0 || delta_bytes == 0 {
+            return Err(Error::invalid(
+                "recurrent state: one flag per layer and nonzero sizes",
+            ));
+        }
+        let max = ctx.limits.max_binding();
+        if delta_bytes > max || conv_bytes > max {
+            return Err(Error::new(
+                ErrorCode::AdapterTooSmall,
+                format!(
+                    "a recurrent state of {} MiB per layer is above this device's {} MiB binding limit",
+                    delta_bytes.max(conv_bytes) >> 20,
+                    max >> 20
+                ),
+            ));
+        }
+        self.recurrent = Vec::with_capacity(layers.len());
+        for (l, &r) in layers.iter().enumerate() {
+            if !r {
+                self.recurrent.push(None);
+                continue;
+            }
+            self.layers[l] = LayerKv {
+                k: ctx.empty_storage("kv.k (recurrent layer, unused)", 16)?,
+                v: ctx.empty_storage("kv.v (recurrent layer, unused)", 16)?,
+            };
+            self.recurrent.push(Some(RecurrentState {
+                conv: ctx.empty_storage(&format!("kv.conv_state[{l}]"), conv_bytes)?,
+                delta: ctx.empty_storage(&format!("kv.delta_state[{l}]"), delta_bytes)?,
+            }));
+        }
+        Ok(self)
+    }
+
+    /// The recurrent state of layer `layer`, if it is a gated delta-net layer.
+    pub fn recurrent(&self, layer: usize) -> Option<&RecurrentState> {
+        self.recurrent.get(layer).and_then(|r| r.as_ref())
+    }
+
+    /// Whether any layer keeps a recurrent state.
+    pub fn has_recurrent(&self) -> bool {
+        self.recurrent.iter().any(|r| r.is_some())
+    }
+
+    /// The position the recurrent states describe: the tokens they have seen.
+    pub fn recurrent_at(&self) -> u32 {
+        self.recurrent_at
+    }
+
+    /// Mark the recurrent states as describing no position (a pass ran that must not count): the
+    /// next step starts from a checkpoint or position 0.
+    pub fn invalidate_recurrent(&mut self) {
+        self.recurrent_at = u32::MAX;
+    }
+
+    /// Copy every recurrent state (they describe `n_past` tokens) into `reuse`'s buffers, or new
+    /// ones. Encodes and submits one command buffer, after the passes already submitted.
+    pub fn checkpoint(
+        &self,
+        ctx: &GpuContext,
+        reuse: Option<RecurrentCheckpoint>,
+    ) -> Result<RecurrentCheckpoint> {
+        if self.recurrent_at != self.n_past {
+            return Err(Error::internal(format!(
+                "checkpoint at {} of recurrent states at {}",
+                self.n_past, self.recurrent_at
+            )));
+        }
+        let mut states = reuse.map(|c| c.states).unwrap_or_default();
+        let layers: Vec<&RecurrentState> = self.recurrent.iter().flatten().collect();
+        if states.len() != layers.len() {
+            states = layers
+                .iter()
+                .map(|r| {
+                    Ok((
+                        ctx.empty_storage("checkpoint conv state", r.conv.size())?,
+                        ctx.empty_storage("checkpoint delta state", r.delta.size())?,
+                    ))
+                })
+                .collect::<Result<_>>()?;
+        }
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        for (r, (c, d)) in layers.iter().zip(&states) {
+            enc.copy_buffer_to_buffer(&r.conv, 0, c, 0, r.conv.size());
+            enc.copy_buffer_to_buffer(&r.delta, 0, d, 0, r.delta.size());
+        }
+        ctx.submit([enc.finish()]);
+        Ok(RecurrentCheckpoint {
+            pos: self.n_past,
+            states,
+        })
+    }
+
+    /// Put a checkpoint's states back: they describe `cp.pos` tokens (at most `n_past`; the
+    /// caller evaluates the tokens after it again). Encodes and submits one command buffer.
+    pub fn restore(&mut self, ctx: &GpuContext, cp: &RecurrentCheckpoint) -> Result<()> {
+        let layers: Vec<&RecurrentState> = self.recurrent.iter().flatten().collect();
+        if cp.pos > self.n_past || cp.states.len() != layers.len() {
+            return Err(Error::internal(format!(
+                "restore a checkpoint at {} into a cache of {} cells",
+                cp.pos, self.n_past
+            )));
+        }
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        for (r, (c, d)) in layers.iter().zip(&cp.states) {
+            enc.copy_buffer_to_buffer(c, 0, &r.conv, 0, r.conv.size());
+            enc.copy_buffer_to_buffer(d, 0, &r.delta, 0, r.delta.size());
+        }
+        ctx.submit([enc.finish()]);
+        self.recurrent_at = cp.pos;
+        Ok(())
+    }
+
+    /// Whether a step may start at `pos0`: always without recurrent layers; with them, at 0 (the
+    /// kernels start from a zero state) or where the states are.
+    pub fn can_continue_at(&self, pos0: u32) -> bool {
+        !self.has_recurrent() || pos0 == 0 || pos0 == self.recurrent_at
     }
 
     /// The conv rows of layer `layer`, `(n_ctx, width)` f32, if it is a short-convolution layer.
@@ -204,10 +361,13 @@ impl KvCache {
                 ),
             )
         })?;
+        // The step that wrote these cells advanced the recurrent states to the same position.
+        self.recurrent_at = self.n_past;
         Ok(())
     }
 
-    /// Forget the last `n` cells (their contents are overwritten when used again).
+    /// Forget the last `n` cells (their contents are overwritten when used again). The recurrent
+    /// states stay where they were: see [`KvCache::can_continue_at`].
     pub fn rewind(&mut self, n: u32) -> Result<()> {
         self.n_past = self
             .n_past
@@ -219,6 +379,7 @@ impl KvCache {
     /// Forget every cell.
     pub fn clear(&mut self) {
         self.n_past = 0;
+        self.recurrent_at = 0;
     }
 
     /// Write K and V rows (`(cells, n_kv_heads, head_dim)` each) at `cell` of `layer`.
@@ -292,6 +453,10 @@ impl KvCache {
             stats.chunks += 1;
             let bytes = count as u64 * cell;
             for (l, layer) in self.layers.iter().enumerate() {
+                if self.recurrent(l).is_some() {
+                    // A recurrent state has no cells: it is kept as it is (it drifts).
+                    continue;
+                }
                 if let Some(rows) = self.conv_rows(l) {
                     // Conv rows move with their tokens, like V cells.
                     let row = self.conv_width as u64 * 4;
@@ -337,6 +502,12 @@ impl KvCache {
             t0 += count;
         }
         ctx.submit([enc.finish()]);
+        if self.recurrent_at == self.n_past {
+            self.recurrent_at -= n_discard;
+        } else {
+            // States of a later position (rewound cells): now of no position this cache holds.
+            self.recurrent_at = u32::MAX;
+        }
         self.n_past -= n_discard;
         Ok(stats)
     }

@@ -251,14 +251,14 @@ async fn errors() {
     // An architecture we do not run, in one chunk with its weights: the header check refuses it
     // before any tensor is written (without the check, the same chunk loads its tensor).
     let mut w = GgufWriter::new();
-    w.meta("general.architecture", "qwen35");
+    w.meta("general.architecture", "qwen3next");
     w.tensor_f32("blk.0.attn_norm.weight", &[64], &[1.0; 64]);
     let bytes = w.to_bytes();
     let mut l = StreamLoader::new(&ctx, Some(bytes.len() as u64))
         .with_header_check(|h| cera_web::model::HParams::from_gguf(h).map(|_| ()));
     let e = l.push(&bytes).unwrap_err();
     assert_eq!(e.code, ErrorCode::UnsupportedArch, "{e}");
-    assert!(e.message.contains("\"qwen35\""), "{e}");
+    assert!(e.message.contains("\"qwen3next\""), "{e}");
     assert_eq!(
         l.progress().tensors_loaded,
         0,
@@ -284,7 +284,7 @@ gpu_test!(bad_input_gets_clear_errors, errors());
 #[wasm_bindgen_test::wasm_bindgen_test]
 async fn engine_refuses_an_unknown_architecture_from_its_header() {
     let mut w = GgufWriter::new();
-    w.meta("general.architecture", "qwen35");
+    w.meta("general.architecture", "qwen3next");
     w.tensor_f32("blk.0.attn_norm.weight", &[64], &[1.0; 64]);
     let bytes = js_sys::Uint8Array::from(&w.to_bytes()[..]);
     let r = wasm_bindgen_futures::JsFuture::from(cera_web::web::engine::Engine::load(
@@ -292,7 +292,7 @@ async fn engine_refuses_an_unknown_architecture_from_its_header() {
         wasm_bindgen::JsValue::UNDEFINED,
     ))
     .await;
-    let e = r.expect_err("a qwen35 header must be refused");
+    let e = r.expect_err("a qwen3next header must be refused");
     let get = |k: &str| {
         js_sys::Reflect::get(&e, &k.into())
             .ok()
@@ -300,5 +300,9 @@ async fn engine_refuses_an_unknown_architecture_from_its_header() {
             .unwrap_or_default()
     };
     assert_eq!(get("code"), "UNSUPPORTED_ARCH", "{}", get("message"));
-    assert!(get("message").contains("\"qwen35\""), "{}", get("message"));
+    assert!(
+        get("message").contains("\"qwen3next\""),
+        "{}",
+        get("message")
+    );
 }

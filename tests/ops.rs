@@ -708,16 +708,19 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
         (6, 2, 64, 64, RopeType::Neox, 5, false, 1.0),
         (3, 1, 96, 72, RopeType::Neox, 2, false, 1.19),
     ];
-    for (n_head, n_kv, hd, n_rot, rt, t, norm, attn_factor) in cases {
+    // Each case also with every q head followed by its output gate (Qwen3.5's q projection).
+    let cases = cases.into_iter().flat_map(|c| [(c, false), (c, true)]);
+    for ((n_head, n_kv, hd, n_rot, rt, t, norm, attn_factor), gated) in cases {
         let what = format!(
-            "fused {n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm} attn_factor {attn_factor}"
+            "fused {n_head}/{n_kv} heads of {hd} n_rot {n_rot} {rt:?} {t} tokens norm {norm} attn_factor {attn_factor} gated {gated}"
         );
         let n_ctx = 20u32;
         let (table, cache) = qk_rope_setup(&ctx, n_kv, hd, n_rot, rt, attn_factor, n_ctx);
         let pos0 = 4u32;
         let (qw, kw) = (n_head as usize * hd, n_kv as usize * hd);
-        // Row of a token: 5 columns of padding, q, 3, k, v, 2.
-        let (q_col, k_col) = (5usize, 5 + qw + 3);
+        // Row of a token: 5 columns of padding, q (heads qhs apart), 3, k, v, 2.
+        let qhs = if gated { 2 * hd } else { hd };
+        let (q_col, k_col) = (5usize, 5 + n_head as usize * qhs + 3);
         let v_col = k_col + kw;
         let stride = v_col + kw + 2;
         let src: Vec<f32> = rng
@@ -730,7 +733,13 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
                 .flat_map(|i| src[i * stride + c0..i * stride + c0 + w].to_vec())
                 .collect()
         };
-        let (q, k, v) = (cols(q_col, qw), cols(k_col, kw), cols(v_col, kw));
+        let q: Vec<f32> = (0..t as usize * n_head as usize)
+            .flat_map(|r| {
+                let b = r / n_head as usize * stride + q_col + r % n_head as usize * qhs;
+                src[b..b + hd].to_vec()
+            })
+            .collect();
+        let (k, v) = (cols(k_col, kw), cols(v_col, kw));
         let w: Vec<f32> = rng.vec(2 * hd).iter().map(|v| 1.0 + v).collect();
         let sb = ctx.storage_buffer("qkv", bytemuck::cast_slice(&src));
         let qo = ctx
@@ -741,6 +750,7 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
             src: &sb,
             stride: stride as u64,
             q_col: q_col as u64,
+            q_head_stride: qhs as u64,
             k_col: k_col as u64,
             v_col: v_col as u64,
             q_out: &qo,
@@ -932,6 +942,65 @@ gpu_test!(rope_kv_write_lands_in_cells_pos0_on, async {
 
 // ---------------------------------------------------------------------------------------------
 // glu
+
+// Qwen3.5's attention output gate: out (T, heads, hd) *= sigmoid(gate), each head's gate after
+// its q in a projection row of `row` elements (heads 2 hd apart): rows (token, head) in groups of
+// `heads`. Head sizes 16 and 7 (odd), 1 and 3 tokens, in place in out's buffer.
+gpu_test!(glu_sigmoid_gate_grouped_by_head, async {
+    let ctx = common::context().await;
+    let mut rng = Rng::new(17);
+    for (t, heads, hd) in [(3usize, 4usize, 16usize), (1, 3, 7), (3, 1, 7)] {
+        let row = 2 * heads * hd + 5; // q|gate per head, then k, v, ... (5 here)
+        let proj: Vec<f32> = rng.vec(t * row).iter().map(|v| v * 12.0).collect();
+        let att = rng.vec(t * heads * hd);
+        let gate: Vec<f32> = (0..t * heads)
+            .flat_map(|r| {
+                let b = r / heads * row + r % heads * 2 * hd + hd;
+                proj[b..b + hd].to_vec()
+            })
+            .collect();
+        let want = glu::reference(Activation::Sigmoid, &gate, &att);
+        let pb = ctx.storage_buffer("proj", bytemuck::cast_slice(&proj));
+        let ab = ctx.storage_buffer("att", bytemuck::cast_slice(&att));
+        let a = View {
+            buffer: &ab,
+            offset: 0,
+            stride: hd as u64,
+        };
+        let g = View {
+            buffer: &pb,
+            offset: hd as u64,
+            stride: 2 * hd as u64,
+        };
+        submit(&ctx, |enc| {
+            let mut rec = Recorder::new(&ctx);
+            glu::prepare_grouped(
+                &mut rec,
+                Activation::Sigmoid,
+                g,
+                (heads as u32, row as u64),
+                a,
+                a,
+                (t * heads) as u32,
+                hd as u32,
+            )
+            .unwrap();
+            rec.encode(enc).unwrap();
+        });
+        check(
+            "glu",
+            &format!("sigmoid gate {t} tokens x {heads} heads of {hd}"),
+            &read(&ctx, &ab, 0, t * heads * hd).await,
+            &want,
+            |i| att[i].abs() as f64,
+        );
+        // A group of no rows is refused.
+        let mut rec = Recorder::new(&ctx);
+        assert!(
+            glu::prepare_grouped(&mut rec, Activation::Sigmoid, g, (0, 0), a, a, 1, 1).is_err()
+        );
+    }
+});
 
 gpu_test!(glu_silu_gelu_shapes_and_aliasing, async {
     let ctx = common::context().await;

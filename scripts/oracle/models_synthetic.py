@@ -23,8 +23,7 @@ key that llama.cpp ignores for this family. Like qwen2 it needs n_head*head_dim 
 has Phi-4-mini's partial rotary (3/4 of head_dim) and an original context of 32, below the
 scoring context (llama.cpp rounds it up to 256), so the long factors apply; "phi3-short" rotates
 whole heads and has an original context of 256, so the short ones apply.
-qwen35 (Qwen3.5 dense, as llama.cpp's converter writes it) is written for llama.cpp only, F32:
-cera-web does not run it yet, and its test checks the refusal. 4 layers, `full_attention_interval`
+qwen35 (Qwen3.5 dense, as llama.cpp's converter writes it): 4 layers, `full_attention_interval`
 2 (layers 0 and 2 gated delta-net, 1 and 3 gated attention), delta-net heads of 16 (2 key heads,
 4 value heads), conv kernel 4, attention head_dim 16 with 8 rotary dimensions (IMROPE sections
 [2, 1, 1, 0]); the attention's q projection carries a per-head output gate beside q.
@@ -99,7 +98,7 @@ ARCHS = {
     # Phi-3.5-mini's form: whole heads rotate, the short factors apply.
     "phi3-short": dict(arch="phi3", rope_base=10000.0, eps=1e-5, fused=True, head_dim={"small": 16},
                        longrope=True, n_ctx_train=1024, n_ctx_orig=256, sliding_window=8),
-    # Qwen3.5 dense (see the module doc): refused by cera-web for now, scored by llama.cpp.
+    # Qwen3.5 dense (see the module doc).
     "qwen35": dict(arch="qwen35", rope_base=10000000.0, eps=1e-6, head_dim={"small": 16}, n_layer=4,
                    full_attention_interval=2, rot=8, rope_sections=[2, 1, 1, 0],
                    ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=4)),
@@ -111,7 +110,6 @@ ARCHS = {
 MODEL_TYPES = {name: list(TYPES) for name in ARCHS}
 MODEL_TYPES["llama-rope-freqs"] = ["F32", "Q4_K"]
 MODEL_TYPES["phi3-short"] = ["F32", "Q4_K"]
-MODEL_TYPES["qwen35"] = ["F32"]
 
 
 def seed_for(name: str, shape: str) -> int:

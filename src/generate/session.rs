@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::gpu::GpuContext;
-use crate::kv::KvCache;
+use crate::kv::{KvCache, RecurrentCheckpoint};
 use crate::model::{ForwardPlan, LogitRows, Model, Workspace};
 use crate::tokenizer::{Detokenizer, Tokenizer};
 
@@ -17,6 +17,10 @@ use super::sampler::{Sampler, SamplerParams};
 
 /// Prepared forward passes a session keeps (decode, the prefill batch, a few tails).
 const MAX_PLANS: usize = 8;
+/// Recurrent-state checkpoints a session keeps (the ends of the latest prompt chunks): each is a
+/// copy of every recurrent layer's state (18 delta-net layers of 16 value heads of 128: about
+/// 19 MiB).
+const CHECKPOINTS: usize = 2;
 
 /// Greedy steps chained on the GPU before one readback. Each step's token goes from its argmax
 /// straight into the next step's embedding, so the CPU encodes and submits ahead of the GPU and
@@ -101,6 +105,12 @@ pub struct Session {
     /// llguidance's view of the tokenizer, built on the first constrained generation.
     constraint_env: Option<Arc<ConstraintEnv>>,
     pub shifts: u32,
+    /// Models with recurrent layers (Qwen3.5): their states at the ends of the latest prompt
+    /// chunks (at most [`CHECKPOINTS`]), so a rewind (a stop string, a chat turn reusing the
+    /// prefix) evaluates again only the tokens after one ([`Session::sync_recurrent`]).
+    checkpoints: Vec<RecurrentCheckpoint>,
+    /// Tokens evaluated again to bring recurrent states to the cache's position after rewinds.
+    pub replayed_tokens: u64,
     /// CPU seconds spent recording and submitting chained decode steps (`cera bench` divides
     /// by the steps: when it is close to the time per token, decoding is bound by the CPU).
     pub record_s: f64,
@@ -135,6 +145,8 @@ impl Session {
             ring: None,
             constraint_env: None,
             shifts: 0,
+            checkpoints: Vec::new(),
+            replayed_tokens: 0,
             record_s: 0.0,
         })
     }
@@ -177,6 +189,7 @@ impl Session {
     /// Forget everything.
     pub fn reset(&mut self) {
         self.kv.clear();
+        self.checkpoints.clear();
         self.tokens.clear();
         self.have_logits = false;
     }
@@ -190,6 +203,8 @@ impl Session {
         self.kv.shift(&self.ctx, n_keep, n_discard)?;
         self.tokens
             .drain(n_keep as usize..(n_keep + n_discard) as usize);
+        // The kept recurrent state drifts on; checkpoints describe positions that moved.
+        self.checkpoints.clear();
         self.shifts += 1;
         if self.opts.shift_recompute && self.kv.n_past() > n_keep {
             let kept = std::mem::take(&mut self.tokens);
@@ -201,7 +216,9 @@ impl Session {
 
     /// Keep only the first `n` tokens (the common prefix of a new prompt): the cache after them
     /// is forgotten, and every layer's state is what it was after token `n` (conv rows are kept
-    /// per cell), so continuing is exactly a fresh evaluation of the prefix and what follows.
+    /// per cell; recurrent states are restored from a checkpoint and brought forward when the
+    /// next tokens are fed), so continuing is exactly a fresh evaluation of the prefix and what
+    /// follows.
     pub fn truncate(&mut self, n: u32) -> Result<()> {
         let held = self.kv.n_past();
         if n > held {
@@ -252,6 +269,7 @@ impl Session {
 
     /// Make room for a chunk and pick its plan: `(plan index, pos0)`.
     fn begin_chunk(&mut self, chunk: &[u32]) -> Result<(usize, u32)> {
+        self.sync_recurrent()?;
         self.ensure_room(chunk.len() as u32)?;
         let pos0 = self.kv.n_past();
         let n = chunk.len() as u32;
@@ -263,6 +281,55 @@ impl Session {
         self.kv.advance(chunk.len() as u32)?;
         self.tokens.extend_from_slice(chunk);
         Ok(())
+    }
+
+    /// After a chunk of a prompt (more than one token) is submitted: checkpoint the recurrent
+    /// states, replacing the oldest checkpoint beyond [`CHECKPOINTS`].
+    fn checkpoint_prompt(&mut self, chunk_len: usize) -> Result<()> {
+        if chunk_len < 2 || !self.kv.has_recurrent() {
+            return Ok(());
+        }
+        let reuse = if self.checkpoints.len() >= CHECKPOINTS {
+            Some(self.checkpoints.remove(0))
+        } else {
+            None
+        };
+        let cp = self.kv.checkpoint(&self.ctx, reuse)?;
+        self.checkpoints.push(cp);
+        Ok(())
+    }
+
+    /// Models with recurrent layers: when their states are not at the cache's position (after a
+    /// rewind), restore the latest checkpoint at or before it (or start at 0) and evaluate the
+    /// tokens from there again, so continuing is exactly a fresh evaluation.
+    fn sync_recurrent(&mut self) -> Result<()> {
+        let target = self.kv.n_past();
+        if self.kv.can_continue_at(target) {
+            return Ok(());
+        }
+        let from = match self
+            .checkpoints
+            .iter()
+            .filter(|c| c.pos <= target)
+            .max_by_key(|c| c.pos)
+        {
+            Some(cp) => {
+                self.kv.restore(&self.ctx, cp)?;
+                cp.pos
+            }
+            None => 0,
+        };
+        let replay = self.tokens[from as usize..target as usize].to_vec();
+        self.kv.rewind(target - from)?;
+        self.tokens.truncate(from as usize);
+        self.replayed_tokens += replay.len() as u64;
+        self.feed(&replay)
+    }
+
+    /// Drop the checkpoints past the cache's position (the tokens after it may change).
+    fn forget_checkpoints_past(&mut self) {
+        let n = self.kv.n_past();
+        self.checkpoints.retain(|c| c.pos <= n);
     }
 
     /// The index of a prepared forward pass for `n` tokens ending at cell `end`, built on first
@@ -314,6 +381,8 @@ impl Session {
         self.ws.step.write(&self.ctx, pos0, &[last]);
         let prepared = self.plans[i].prepared();
         let us = crate::gpu::profile::time_dispatches(&self.ctx, prepared).await?;
+        // The timed pass advanced the recurrent states by a token the cache does not keep.
+        self.kv.invalidate_recurrent();
         Ok((
             crate::gpu::profile::by_kind(prepared, &us),
             crate::gpu::profile::each(prepared, &us),
@@ -347,6 +416,7 @@ impl Session {
             self.encode_chunk(&mut enc, chunk)?;
             self.ctx.submit([enc.finish()]);
             self.have_logits = true;
+            self.checkpoint_prompt(chunk.len())?;
         }
         Ok(())
     }
@@ -380,6 +450,7 @@ impl Session {
         self.end_chunk(chunk)?;
         self.have_logits = true;
         self.ctx.submit([enc.finish()]);
+        self.checkpoint_prompt(chunk.len())?;
         sampler.finish(&self.ctx).await
     }
 
@@ -391,6 +462,7 @@ impl Session {
         self.kv.rewind(n)?;
         self.tokens.truncate(self.tokens.len() - n as usize);
         self.have_logits = false;
+        self.forget_checkpoints_past();
         Ok(())
     }
 
@@ -430,6 +502,11 @@ impl Session {
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }));
+        }
+        // A rewind before: bring the recurrent states to the cache's position first.
+        self.sync_recurrent()?;
+        if self.kv.n_past() + k > self.opts.n_ctx {
+            return Err(Error::internal("decode_chained: no room after the replay"));
         }
         let n_vocab = self.model.hp.n_vocab;
         let t0 = now_s();
@@ -504,6 +581,7 @@ impl Session {
             // A rewind left the logits of a later step: feed the last token again.
             if let Some(last) = self.tokens.pop() {
                 self.kv.rewind(1)?;
+                self.forget_checkpoints_past();
                 return Box::pin(self.step(&[last], sampler)).await;
             }
             return Err(Error::invalid("no logits yet: feed tokens first"));

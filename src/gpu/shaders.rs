@@ -41,6 +41,11 @@ pub const FILES: &[(&str, &str)] = &[
         "short_conv.wgsl",
         include_str!("../../shaders/short_conv.wgsl"),
     ),
+    ("ssm_conv.wgsl", include_str!("../../shaders/ssm_conv.wgsl")),
+    (
+        "gated_delta.wgsl",
+        include_str!("../../shaders/gated_delta.wgsl"),
+    ),
     ("softcap.wgsl", include_str!("../../shaders/softcap.wgsl")),
     (
         "elementwise.wgsl",

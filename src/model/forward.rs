@@ -12,7 +12,9 @@
 //!          [cap * tanh(logits / cap)]       (Gemma 2's final soft-capping)
 //! ```
 //! LFM2's short-convolution layers replace the attention block with a gated convolution
-//! (`lfm2.rs`); SmolLM3's every fourth layer has no rope (a rope of zero rotary dimensions).
+//! (`lfm2.rs`), Qwen3.5's gated delta-net layers with a recurrent one (`qwen35.rs`, which also
+//! describes its gated attention); SmolLM3's every fourth layer has no rope (a rope of zero
+//! rotary dimensions).
 //! Phi-3 stores q, k, v in one tensor and gate, up in one (the same GEMVs as a fusion made at
 //! load), and brings two sets of LongRoPE factors, chosen by the cache's context length.
 //! Encoding is synchronous; the caller submits and reads back.
@@ -24,12 +26,15 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::gpu::{GpuContext, GpuTensor, Prepared, Recorder, Step};
 use crate::kv::{KvCache, KvCacheConfig};
 use crate::loader::LoadedModel;
+use crate::ops::elementwise::View;
 use crate::ops::rope::RopeTable;
-use crate::ops::{embed, matmul};
+use crate::ops::{embed, glu, matmul};
 use crate::rope::RopeConfig;
 
 #[path = "lfm2.rs"]
 mod lfm2;
+#[path = "qwen35.rs"]
+mod qwen35;
 
 /// Which rows of the batch get logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +75,8 @@ struct Layer {
     qk_norm: Option<wgpu::Buffer>,
     /// LFM2: a short-convolution layer in place of attention.
     conv: Option<lfm2::ConvLayer>,
+    /// Qwen3.5: a gated delta-net layer in place of attention.
+    delta: Option<qwen35::DeltaLayer>,
 }
 
 pub struct Model {
@@ -105,7 +112,8 @@ pub struct Workspace {
     /// norms in ([`Model::plan`]) alternate x and this one.
     x_alt: wgpu::Buffer,
     h: wgpu::Buffer,
-    /// q, k, v projections side by side, `(n, q_dim + 2 kv_dim)`.
+    /// q (with its gates where the model has them), k, v projections side by side,
+    /// `(n, HParams::qkv_width)`.
     pub(crate) qkv: wgpu::Buffer,
     /// The roped q, `(n, q_dim)`.
     pub(crate) q: wgpu::Buffer,
@@ -115,6 +123,8 @@ pub struct Workspace {
     gate_up: wgpu::Buffer,
     /// `(n, 3 n_embd)`: a short-convolution layer's B | C | x (models with conv layers only).
     bcx: Option<wgpu::Buffer>,
+    /// The gated delta-net layers' activations (models with them only).
+    delta: Option<qwen35::DeltaWorkspace>,
     /// `(rows, n_vocab)` f32.
     pub logits: wgpu::Buffer,
 }
@@ -141,8 +151,12 @@ impl Model {
                 layers.push(lfm2::conv_layer(ctx, &weights, &hp, l).await?);
                 continue;
             }
+            if hp.is_recurrent(l) {
+                layers.push(qwen35::delta_layer(ctx, &weights, &hp, l)?);
+                continue;
+            }
             let gemma = hp.post_norms;
-            let (qd, kvd, ff) = (hp.q_dim() as u64, hp.kv_dim() as u64, hp.n_ff as u64);
+            let (qd, kvd, ff) = (hp.q_proj_dim() as u64, hp.kv_dim() as u64, hp.n_ff as u64);
             // Phi-3's files hold q, k, v as one tensor (rows in that order), which is the layout
             // a fusion at load gives the separate ones.
             let (qkv, qkv_widths) = match opt(T::AttnQkv.name(l)) {
@@ -188,7 +202,12 @@ impl Model {
                 } else {
                     None
                 },
-                ffn_norm: need(T::FfnNorm.name(l))?,
+                // Qwen3.5's feed-forward pre-norm is stored as `post_attention_norm`.
+                ffn_norm: need(if hp.arch == Arch::Qwen35 {
+                    T::PostAttentionNorm.name(l)
+                } else {
+                    T::FfnNorm.name(l)
+                })?,
                 gate_up: projections(&weights, &gate_up, &gate_up_widths)?,
                 down: need(T::FfnDown.name(l))?,
                 post_ffw_norm: if gemma {
@@ -198,6 +217,7 @@ impl Model {
                 },
                 qk_norm: None,
                 conv: None,
+                delta: None,
             });
         }
         // The QK-norm weights of each layer side by side in one small buffer (copied on the GPU).
@@ -308,8 +328,9 @@ impl Model {
 
     /// A KV cache of `n_ctx` cells for this model.
     pub fn new_kv_cache(&self, ctx: &GpuContext, n_ctx: u32) -> Result<KvCache> {
-        // Short-convolution layers keep B * x of every position instead of K and V.
-        KvCache::with_conv_rows(
+        // Short-convolution layers keep B * x of every position instead of K and V; gated
+        // delta-net layers a recurrent state.
+        let kv = KvCache::with_conv_rows(
             ctx,
             KvCacheConfig {
                 n_ctx,
@@ -325,7 +346,12 @@ impl Model {
                 &[]
             },
             self.hp.n_embd,
-        )
+        )?;
+        if self.hp.recurrent_layers.iter().any(|&r| r) {
+            let (conv, delta) = qwen35::state_bytes(&self.hp);
+            return kv.with_recurrent(ctx, &self.hp.recurrent_layers, conv, delta);
+        }
+        Ok(kv)
     }
 
     /// Activation buffers for up to `max_batch` tokens and `max_logit_rows` rows of logits.
@@ -352,13 +378,18 @@ impl Model {
             x: f("x", b * hp.n_embd as u64)?,
             x_alt: f("x alt", hp.n_embd as u64)?,
             h: f("h", b * hp.n_embd as u64)?,
-            qkv: f("qkv", b * (hp.q_dim() + 2 * hp.kv_dim()) as u64)?,
+            qkv: f("qkv", b * hp.qkv_width() as u64)?,
             q: f("q", b * hp.q_dim() as u64)?,
             att: f("attn", b * hp.q_dim() as u64)?,
             o: f("o", b * hp.n_embd as u64)?,
             gate_up: f("gate_up", b * 2 * hp.n_ff as u64)?,
             bcx: if hp.conv_l_cache > 0 {
                 Some(f("bcx", b * 3 * hp.n_embd as u64)?)
+            } else {
+                None
+            },
+            delta: if hp.recurrent_layers.iter().any(|&r| r) {
+                Some(qwen35::DeltaWorkspace::new(ctx, hp, max_batch)?)
             } else {
                 None
             },
@@ -458,6 +489,12 @@ impl Model {
                 self.hp.n_vocab
             )));
         }
+        if !kv.can_continue_at(pos0) {
+            return Err(Error::invalid(format!(
+                "the recurrent layers' state is at position {}, not {pos0}: after a rewind, evaluate the tokens again from position 0",
+                kv.recurrent_at()
+            )));
+        }
         ws.step.write(ctx, pos0, tokens);
         self.record_plan(ctx, pass, plan);
         Ok(())
@@ -488,6 +525,7 @@ impl Model {
         };
         let base = self.layers.iter().all(|layer| {
             layer.conv.is_none()
+                && layer.delta.is_none()
                 && [Some(&layer.attn_norm), Some(&layer.ffn_norm)]
                     .into_iter()
                     .chain([layer.post_attn_norm.as_ref(), layer.post_ffw_norm.as_ref()])
@@ -584,9 +622,15 @@ impl Model {
                 self.plan_conv_layer(&mut rec, ws, kv, l, n)?;
                 continue;
             }
+            if layer.delta.is_some() {
+                // Qwen3.5: a gated delta-net block in place of attention, then the same FFN.
+                self.plan_delta_layer(&mut rec, ws, kv, l, n)?;
+                continue;
+            }
             let rope_table = &self.rope_tables[ropes.table[l]];
             // q, k, v projections of h (+ bias), side by side         (n, q_dim + 2 kv_dim)
-            let qkv_w = (qd + 2 * kvd) as u64;
+            let qkv_w = hp.qkv_width() as u64;
+            let qpd = hp.q_proj_dim();
             if fold_attn {
                 // h = norm(x (+ post_norm(f) * residual_scale, f the last layer's FFN output))
                 let post = (l > 0).then(|| {
@@ -625,8 +669,8 @@ impl Model {
             }
             for (bias, col, dim) in [
                 (&layer.q_bias, 0, qd),
-                (&layer.k_bias, qd, kvd),
-                (&layer.v_bias, qd + kvd, kvd),
+                (&layer.k_bias, qpd, kvd),
+                (&layer.v_bias, qpd + kvd, kvd),
             ] {
                 if let Some(b) = bias {
                     kernels::add_bias_cols(
@@ -663,6 +707,32 @@ impl Model {
                 max_cells,
                 attn_scratch.as_ref(),
             )?;
+            if hp.attn_gate {
+                // Qwen3.5: attention's output times sigmoid(gate), each head's gate beside its q
+                // in the projection output: rows (token, head), heads 2 head_dim apart, tokens
+                // a projection row apart.                                          (n, q_dim)
+                let hd = hp.head_dim as u64;
+                let gate = View {
+                    buffer: &ws.qkv,
+                    offset: hd,
+                    stride: 2 * hd,
+                };
+                let att = View {
+                    buffer: &ws.att,
+                    offset: 0,
+                    stride: hd,
+                };
+                glu::prepare_grouped(
+                    &mut rec,
+                    glu::Activation::Sigmoid,
+                    gate,
+                    (hp.n_head, qkv_w),
+                    att,
+                    att,
+                    n * hp.n_head,
+                    hp.head_dim,
+                )?;
+            }
             kernels::matmul(&mut rec, self.w(&layer.o), &ws.att, &ws.o, n)?;
             let post = layer.post_attn_norm.as_ref().map(|w| self.w(w));
             if fold_ffn {
@@ -779,6 +849,66 @@ impl Model {
             prepared: rec.finish(),
             _attn_scratch: attn_scratch,
         })
+    }
+}
+
+impl Model {
+    /// The feed-forward block after a layer's mixer (short conv, delta-net) left its output in
+    /// `ws.o`: `x += o;  h = norm(x);  x += act(h W_gate) * (h W_up) W_down;  h = norm(x)` with
+    /// the next layer's pre-norm (the final norm after the last layer).
+    fn plan_ffn_block(&self, rec: &mut Recorder, ws: &Workspace, l: usize, n: u32) -> Result<()> {
+        let hp = &self.hp;
+        let layer = &self.layers[l];
+        let e = hp.n_embd;
+        // x += y;  h = norm(x)                                                     one dispatch
+        kernels::residual_norm(
+            rec,
+            &ws.x,
+            &ws.o,
+            None,
+            hp.residual_scale,
+            self.w(&layer.ffn_norm),
+            &ws.h,
+            n,
+            e,
+            hp.rms_eps,
+        )?;
+        // f = act(h W_gate) * (h W_up) W_down;  x += f;  h = norm(x) with the next pre-norm
+        for p in &layer.gate_up {
+            kernels::matmul_cols(
+                rec,
+                self.w(&p.tensor),
+                &ws.h,
+                &ws.gate_up,
+                p.col,
+                2 * hp.n_ff as u64,
+                n,
+            )?;
+        }
+        kernels::glu_down(
+            rec,
+            self.w(&layer.down),
+            &ws.gate_up,
+            &ws.o,
+            n,
+            hp.activation,
+        )?;
+        let next_norm = match self.layers.get(l + 1) {
+            Some(next) => self.w(&next.attn_norm),
+            None => self.w(&self.output_norm),
+        };
+        kernels::residual_norm(
+            rec,
+            &ws.x,
+            &ws.o,
+            None,
+            hp.residual_scale,
+            next_norm,
+            &ws.h,
+            n,
+            e,
+            hp.rms_eps,
+        )
     }
 }
 

@@ -28,6 +28,11 @@ pub enum Arch {
     /// LFM2 (Liquid): a hybrid of gated short-convolution layers and GQA attention layers with
     /// QK-norm, chosen per layer by `head_count_kv` (0 = convolution).
     Lfm2,
+    /// Qwen3.5 (dense): a hybrid of gated delta-net layers (a causal conv over q|k|v, then the
+    /// gated delta rule with a per-head recurrent state) and gated attention layers (QK-norm,
+    /// partial NeoX rope, a per-head sigmoid output gate from the q projection), chosen by
+    /// `full_attention_interval`.
+    Qwen35,
 }
 
 impl Arch {
@@ -42,10 +47,11 @@ impl Arch {
             "gemma2" => Arch::Gemma2,
             "gemma3" => Arch::Gemma3,
             "lfm2" => Arch::Lfm2,
+            "qwen35" => Arch::Qwen35,
             other => {
                 return Err(Error::new(
                     ErrorCode::UnsupportedArch,
-                    format!("architecture \"{other}\" is not supported; cera-web runs llama, qwen2, qwen3, granite, smollm3, phi3, gemma2, gemma3 and lfm2"),
+                    format!("architecture \"{other}\" is not supported; cera-web runs llama, qwen2, qwen3, granite, smollm3, phi3, gemma2, gemma3, lfm2 and qwen35"),
                 ))
             }
         })
@@ -62,6 +68,7 @@ impl Arch {
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
             Arch::Lfm2 => "lfm2",
+            Arch::Qwen35 => "qwen35",
         }
     }
 }
@@ -118,6 +125,18 @@ pub struct HParams {
     pub conv_l_cache: u32,
     /// Per layer: a short-convolution layer (LFM2, `head_count_kv` 0) instead of attention.
     pub conv_layers: Vec<bool>,
+    /// Qwen3.5: the q projection writes each head's q then its output gate (`2 head_dim` rows
+    /// per head), and attention's output is multiplied by `sigmoid(gate)`.
+    pub attn_gate: bool,
+    /// Gated delta-net shape (Qwen3.5; all 0 elsewhere): conv width (`ssm.conv_kernel`), head
+    /// size of keys and values (`ssm.state_size`), key heads (`ssm.group_count`), value heads
+    /// (`ssm.time_step_rank`).
+    pub ssm_d_conv: u32,
+    pub ssm_d_state: u32,
+    pub ssm_n_k_heads: u32,
+    pub ssm_n_v_heads: u32,
+    /// Per layer: a gated delta-net layer (recurrent) instead of attention.
+    pub recurrent_layers: Vec<bool>,
 }
 
 impl HParams {
@@ -187,9 +206,13 @@ impl HParams {
             .unwrap_or(1e-5);
         let rope_type = match arch {
             Arch::Llama | Arch::Granite | Arch::Smollm3 => RopeType::Norm,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Lfm2 => {
-                RopeType::Neox
-            }
+            Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Phi3
+            | Arch::Gemma2
+            | Arch::Gemma3
+            | Arch::Lfm2
+            | Arch::Qwen35 => RopeType::Neox,
         };
         let n_rot = h.get_u32(&key("rope.dimension_count")).unwrap_or(head_dim);
         let rope_base = h.get_f32(&key("rope.freq_base")).unwrap_or(10000.0);
@@ -254,6 +277,12 @@ impl HParams {
             final_softcap: 0.0,
             conv_l_cache: 0,
             conv_layers: vec![false; n_layer as usize],
+            attn_gate: false,
+            ssm_d_conv: 0,
+            ssm_d_state: 0,
+            ssm_n_k_heads: 0,
+            ssm_n_v_heads: 0,
+            recurrent_layers: vec![false; n_layer as usize],
         };
         match arch {
             Arch::Llama => {}
@@ -336,8 +365,96 @@ impl HParams {
                     ));
                 }
             }
+            Arch::Qwen35 => {
+                hp.qk_norm = true;
+                hp.attn_gate = true;
+                hp.ssm_d_conv = need("ssm.conv_kernel")?;
+                hp.ssm_d_state = need("ssm.state_size")?;
+                hp.ssm_n_k_heads = need("ssm.group_count")?;
+                hp.ssm_n_v_heads = need("ssm.time_step_rank")?;
+                let d_inner = need("ssm.inner_size")?;
+                // llama.cpp: 4 when the key is absent; layer l is recurrent unless
+                // (l + 1) % interval == 0.
+                let interval = h.get_u32(&key("full_attention_interval")).unwrap_or(4);
+                let (s, hk, hv) = (hp.ssm_d_state, hp.ssm_n_k_heads, hp.ssm_n_v_heads);
+                // Keys and values share the head size (the state is S x S per value head), and
+                // value heads take key heads in turn (h % n_k_heads), so n_v is a multiple.
+                if interval == 0
+                    || hp.ssm_d_conv == 0
+                    || s == 0
+                    || hk == 0
+                    || hv == 0
+                    || hv % hk != 0
+                    || d_inner != s * hv
+                {
+                    return Err(Error::new(
+                        ErrorCode::BadGguf,
+                        format!("qwen35: inconsistent delta-net shape (conv_kernel {}, state_size {s}, group_count {hk}, time_step_rank {hv}, inner_size {d_inner}, full_attention_interval {interval})", hp.ssm_d_conv),
+                    ));
+                }
+                // Multi-token-prediction blocks (`nextn_predict_layers`) follow the trunk's
+                // layers in the file; llama.cpp runs them only for drafting, and so they are
+                // left unread here.
+                let nextn = h.get_u32(&key("nextn_predict_layers")).unwrap_or(0);
+                if nextn >= n_layer {
+                    return Err(Error::new(
+                        ErrorCode::BadGguf,
+                        format!("qwen35: {nextn} prediction layers of {n_layer} blocks"),
+                    ));
+                }
+                hp.n_layer = n_layer - nextn;
+                hp.conv_layers.truncate(hp.n_layer as usize);
+                // `attention.recurrent_layers` (per block) when present, else the interval.
+                hp.recurrent_layers = match h.get_array(&key("attention.recurrent_layers")) {
+                    Some(crate::gguf::MetaArray::Bool(v)) if v.len() >= hp.n_layer as usize => {
+                        v[..hp.n_layer as usize].to_vec()
+                    }
+                    Some(_) => {
+                        return Err(Error::new(
+                            ErrorCode::BadGguf,
+                            format!(
+                                "{} must be one bool per block",
+                                key("attention.recurrent_layers")
+                            ),
+                        ))
+                    }
+                    None => (0..hp.n_layer).map(|l| (l + 1) % interval != 0).collect(),
+                };
+                check_text_imrope(h, &key("rope.dimension_sections"), n_rot)?;
+            }
         }
         Ok(hp)
+    }
+
+    /// Whether layer `l` is a gated delta-net (recurrent) layer (Qwen3.5) rather than attention.
+    pub fn is_recurrent(&self, l: u32) -> bool {
+        self.recurrent_layers
+            .get(l as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Rows of the q projection: `q_dim`, or twice that where each head carries its output gate.
+    pub fn q_proj_dim(&self) -> u32 {
+        if self.attn_gate {
+            2 * self.q_dim()
+        } else {
+            self.q_dim()
+        }
+    }
+
+    /// Columns of the fused q|k|v projection output.
+    pub fn qkv_width(&self) -> u32 {
+        self.q_proj_dim() + 2 * self.kv_dim()
+    }
+
+    /// Gated delta-net: key (and value head) size, channels of the conv (q | k | v), value
+    /// channels.
+    pub fn ssm_conv_dim(&self) -> u32 {
+        self.ssm_d_state * (2 * self.ssm_n_k_heads + self.ssm_n_v_heads)
+    }
+    pub fn ssm_value_dim(&self) -> u32 {
+        self.ssm_d_state * self.ssm_n_v_heads
     }
 
     /// Whether layer `l` attends through the sliding window.
@@ -373,6 +490,38 @@ impl HParams {
     pub fn long_rope(&self, n_ctx: u32) -> bool {
         n_ctx.checked_next_multiple_of(256).unwrap_or(u32::MAX) > self.n_ctx_orig
     }
+}
+
+/// Qwen3.5's interleaved multi-section rope (llama.cpp's IMROPE) for text: the position of a
+/// text token is given to the first three sections and 0 to the fourth, and rotary pair `i`
+/// takes section `s = i % sum(sections)` by `s % 3` (0: first, 1: second, 2: third) while
+/// `s < 3 * that section's size`, the fourth otherwise. When no pair falls to the fourth, every
+/// pair turns by the token's position: the NeoX rope over `n_rot` dimensions, which is how it
+/// runs here. Files whose sections send a pair to the fourth (none known) are refused.
+fn check_text_imrope(h: &GgufHeader, key: &str, n_rot: u32) -> Result<()> {
+    let Some(sec) = u32_array(h, key) else {
+        return Ok(());
+    };
+    let sec: Vec<u32> = sec
+        .into_iter()
+        .chain(std::iter::repeat(0))
+        .take(4)
+        .collect();
+    let total: u32 = sec.iter().sum();
+    if total == 0 {
+        return Err(Error::new(ErrorCode::BadGguf, format!("{key} is all zero")));
+    }
+    for i in 0..n_rot / 2 {
+        let s = i % total;
+        let section = (s % 3) as usize;
+        if s >= 3 * sec[section] {
+            return Err(Error::new(
+                ErrorCode::UnsupportedArch,
+                format!("{key} {sec:?}: rotary pair {i} would take the fourth (image) position; only text sections are supported"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An integer array key as u32s (gguf-py writes Python ints as INT32, other writers UINT32).
@@ -437,21 +586,84 @@ mod tests {
     }
 
     #[test]
+    fn qwen35_reads_the_delta_net_shape() {
+        let bytes = include_bytes!("../../tests/fixtures/models/qwen35-F32.gguf");
+        let (h, _) = crate::gguf::parse_bytes(bytes).unwrap();
+        let hp = HParams::from_gguf(&h).unwrap();
+        assert_eq!(hp.arch, Arch::Qwen35);
+        assert_eq!(
+            (
+                hp.ssm_d_conv,
+                hp.ssm_d_state,
+                hp.ssm_n_k_heads,
+                hp.ssm_n_v_heads
+            ),
+            (4, 16, 2, 4)
+        );
+        assert_eq!(hp.recurrent_layers, [true, false, true, false]);
+        assert_eq!((hp.ssm_conv_dim(), hp.ssm_value_dim()), (128, 64));
+        assert!(hp.attn_gate && hp.qk_norm && hp.rope_type == RopeType::Neox);
+        assert_eq!((hp.n_rot, hp.q_proj_dim(), hp.qkv_width()), (8, 128, 192));
+    }
+
+    /// A Qwen3.5 header with `nextn_predict_layers` (a multi-token-prediction block after the
+    /// trunk) and, optionally, `attention.recurrent_layers`.
+    fn qwen35_header(recurrent: Option<Vec<bool>>) -> Vec<u8> {
+        let mut w = crate::gguf::GgufWriter::new();
+        w.meta("general.architecture", "qwen35");
+        for (k, v) in [
+            ("embedding_length", 64u32),
+            ("block_count", 5),
+            ("feed_forward_length", 128),
+            ("attention.head_count", 4),
+            ("attention.head_count_kv", 2),
+            ("attention.key_length", 16),
+            ("vocab_size", 512),
+            ("ssm.conv_kernel", 4),
+            ("ssm.state_size", 16),
+            ("ssm.group_count", 2),
+            ("ssm.time_step_rank", 4),
+            ("ssm.inner_size", 64),
+            ("nextn_predict_layers", 1),
+        ] {
+            w.meta(format!("qwen35.{k}"), v);
+        }
+        if let Some(r) = recurrent {
+            w.meta(
+                "qwen35.attention.recurrent_layers",
+                crate::gguf::MetaArray::Bool(r),
+            );
+        }
+        w.to_bytes()
+    }
+
+    #[test]
+    fn qwen35_trunk_layers_and_recurrent_flags() {
+        // No interval key: llama.cpp's default of 4; the prediction block is not a layer.
+        let bytes = qwen35_header(None);
+        let hp = HParams::from_gguf(&crate::gguf::parse_bytes(&bytes).unwrap().0).unwrap();
+        assert_eq!(hp.n_layer, 4);
+        assert_eq!(hp.recurrent_layers, [true, true, true, false]);
+        // The per-block flags win (the prediction block's is dropped).
+        let bytes = qwen35_header(Some(vec![false, true, false, true, false]));
+        let hp = HParams::from_gguf(&crate::gguf::parse_bytes(&bytes).unwrap().0).unwrap();
+        assert_eq!(hp.recurrent_layers, [false, true, false, true]);
+        // Too few flags are refused, named.
+        let bytes = qwen35_header(Some(vec![true; 3]));
+        let e = HParams::from_gguf(&crate::gguf::parse_bytes(&bytes).unwrap().0).unwrap_err();
+        assert!(e.message.contains("recurrent_layers"), "{e}");
+    }
+
+    #[test]
     fn unsupported_architectures_are_named() {
-        for name in ["qwen35", "phi2", "lfm2moe"] {
+        for name in ["qwen3next", "phi2", "lfm2moe"] {
             let e = Arch::from_name(name).unwrap_err();
             assert_eq!(e.code, ErrorCode::UnsupportedArch);
             assert!(e.message.contains(&format!("\"{name}\"")), "{e}");
         }
-        // A Qwen3.5 file as llama.cpp's converter writes it (llama.cpp loads and scores it:
-        // tests/fixtures/oracle/synthetic.json) is refused from its header.
-        let bytes = include_bytes!("../../tests/fixtures/models/qwen35-F32.gguf");
-        let (h, _) = crate::gguf::parse_bytes(bytes).unwrap();
-        let e = HParams::from_gguf(&h).unwrap_err();
-        assert_eq!(e.code, ErrorCode::UnsupportedArch);
-        assert!(e.message.contains("\"qwen35\""), "{e}");
         for name in [
             "llama", "qwen2", "qwen3", "granite", "smollm3", "phi3", "gemma2", "gemma3", "lfm2",
+            "qwen35",
         ] {
             assert_eq!(Arch::from_name(name).unwrap().name(), name);
         }

@@ -127,11 +127,13 @@ pub fn qk_rope(
     norm: Option<(&wgpu::Buffer, f32)>,
     step: &wgpu::Buffer,
 ) -> Result<()> {
-    let (qd, kvd) = (hp.q_dim() as u64, hp.kv_dim() as u64);
+    // q (each head followed by its output gate where the model has one), k, v.
+    let (qd, kvd) = (hp.q_proj_dim() as u64, hp.kv_dim() as u64);
     let f = qk_rope::FusedQkv {
         src: &ws.qkv,
         stride: qd + 2 * kvd,
         q_col: 0,
+        q_head_stride: qd / hp.n_head as u64,
         k_col: qd,
         v_col: qd + kvd,
         q_out: &ws.q,

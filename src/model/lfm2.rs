@@ -114,6 +114,7 @@ pub(super) async fn conv_layer(
         down: need(T::FfnDown)?,
         post_ffw_norm: None,
         qk_norm: None,
+        delta: None,
         conv: Some(ConvLayer {
             kernel,
             in_proj: need(T::ShortConvInProj)?,
@@ -155,54 +156,6 @@ impl Model {
         };
         short_conv::prepare(rec, &b, n, e, hp.conv_l_cache, 0, &ws.step.buffer)?;
         kernels::matmul(rec, self.w(&conv.out_proj), &ws.att, &ws.o, n)?;
-        // x += y;  h = norm(x)                                                     one dispatch
-        kernels::residual_norm(
-            rec,
-            &ws.x,
-            &ws.o,
-            None,
-            hp.residual_scale,
-            self.w(&layer.ffn_norm),
-            &ws.h,
-            n,
-            e,
-            hp.rms_eps,
-        )?;
-        // f = silu(h W_gate) * (h W_up) W_down;  x += f;  h = norm(x) with the next pre-norm
-        for p in &layer.gate_up {
-            kernels::matmul_cols(
-                rec,
-                self.w(&p.tensor),
-                &ws.h,
-                &ws.gate_up,
-                p.col,
-                2 * hp.n_ff as u64,
-                n,
-            )?;
-        }
-        kernels::glu_down(
-            rec,
-            self.w(&layer.down),
-            &ws.gate_up,
-            &ws.o,
-            n,
-            hp.activation,
-        )?;
-        let next_norm = match self.layers.get(l + 1) {
-            Some(next) => self.w(&next.attn_norm),
-            None => self.w(&self.output_norm),
-        };
-        kernels::residual_norm(
-            rec,
-            &ws.x,
-            &ws.o,
-            None,
-            hp.residual_scale,
-            next_norm,
-            &ws.h,
-            n,
-            e,
-            hp.rms_eps,
-        )
+        self.plan_ffn_block(rec, ws, l, n)
     }
 }

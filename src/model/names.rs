@@ -39,6 +39,22 @@ pub enum LayerTensor {
     ShortConvInProj,
     /// LFM2 short convolution: output projection `n_embd -> n_embd`.
     ShortConvOutProj,
+    /// Qwen3.5 delta-net: the output gate projection `n_embd -> value_dim` (z).
+    AttnGate,
+    /// Qwen3.5 delta-net: depthwise causal conv over q | k | v, `(conv_dim, d_conv)` f32.
+    SsmConv1d,
+    /// Qwen3.5 delta-net: per value head bias of the decay's softplus.
+    SsmDtBias,
+    /// Qwen3.5 delta-net: per value head decay rate `A = -exp(A_log)` (negative).
+    SsmA,
+    /// Qwen3.5 delta-net: `n_embd -> n_v_heads`, the write strength (sigmoid).
+    SsmBeta,
+    /// Qwen3.5 delta-net: `n_embd -> n_v_heads`, the decay's input.
+    SsmAlpha,
+    /// Qwen3.5 delta-net: the gated RMS norm's weight, `(head_dim)`.
+    SsmNorm,
+    /// Qwen3.5 delta-net: output projection `value_dim -> n_embd`.
+    SsmOut,
 }
 
 impl LayerTensor {
@@ -65,6 +81,14 @@ impl LayerTensor {
             ShortConv => "shortconv.conv.weight",
             ShortConvInProj => "shortconv.in_proj.weight",
             ShortConvOutProj => "shortconv.out_proj.weight",
+            AttnGate => "attn_gate.weight",
+            SsmConv1d => "ssm_conv1d.weight",
+            SsmDtBias => "ssm_dt.bias",
+            SsmA => "ssm_a",
+            SsmBeta => "ssm_beta.weight",
+            SsmAlpha => "ssm_alpha.weight",
+            SsmNorm => "ssm_norm.weight",
+            SsmOut => "ssm_out.weight",
         }
     }
 

@@ -24,6 +24,8 @@ pub enum Activation {
     Silu,
     /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` (GeGLU, as llama.cpp).
     GeluTanh,
+    /// `sigmoid(x)`: a gate rather than a GLU (Qwen3.5's attention output gate).
+    Sigmoid,
 }
 
 impl Activation {
@@ -31,6 +33,7 @@ impl Activation {
         match self {
             Activation::Silu => "SILU",
             Activation::GeluTanh => "GELU",
+            Activation::Sigmoid => "SIGMOID",
         }
     }
 
@@ -38,6 +41,7 @@ impl Activation {
     pub fn apply(self, x: f64) -> f64 {
         match self {
             Activation::Silu => x / (1.0 + (-x).exp()),
+            Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
             Activation::GeluTanh => {
                 0.5 * x
                     * (1.0
@@ -60,6 +64,13 @@ pub struct GluParams {
     pub gate_stride: u32,
     pub up_offset: u32,
     pub up_stride: u32,
+    /// Rows of gate per group and elements between groups: row `r`'s gate starts at
+    /// `gate_offset + (r / gate_group) * gate_group_stride + (r % gate_group) * gate_stride`
+    /// (per-head gates interleaved in a projection's rows); a plain view is one group.
+    pub gate_group: u32,
+    pub gate_group_stride: u32,
+    pub pad0: u32,
+    pub pad1: u32,
 }
 
 impl WgslParams for GluParams {
@@ -74,6 +85,13 @@ impl WgslParams for GluParams {
         ("gate_stride", offset_of!(GluParams, gate_stride)),
         ("up_offset", offset_of!(GluParams, up_offset)),
         ("up_stride", offset_of!(GluParams, up_stride)),
+        ("gate_group", offset_of!(GluParams, gate_group)),
+        (
+            "gate_group_stride",
+            offset_of!(GluParams, gate_group_stride),
+        ),
+        ("pad0", offset_of!(GluParams, pad0)),
+        ("pad1", offset_of!(GluParams, pad1)),
     ];
 }
 
@@ -91,7 +109,7 @@ fn key(act: Activation, wg: u32, names: &[&str], reads: usize) -> PipelineKey {
 /// Both activations in every aliasing pattern.
 pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
-    for act in [Activation::Silu, Activation::GeluTanh] {
+    for act in [Activation::Silu, Activation::GeluTanh, Activation::Sigmoid] {
         for (names, reads) in two_input_patterns() {
             let k = key(act, WORKGROUP_SIZE, &names, reads);
             v.push(Variant {
@@ -139,7 +157,27 @@ pub fn prepare(
     n_rows: u32,
     n_cols: u32,
 ) -> Result<()> {
+    prepare_grouped(rec, act, gate, (n_rows.max(1), 0), up, out, n_rows, n_cols)
+}
+
+/// [`prepare`] with the gate's rows in groups: `group = (rows per group, elements between
+/// groups)`, `gate.stride` between rows within a group. Qwen3.5's attention gate: rows are
+/// (token, head), a token's heads `2 head_dim` apart, tokens a projection row apart.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_grouped(
+    rec: &mut Recorder,
+    act: Activation,
+    gate: View,
+    group: (u32, u64),
+    up: View,
+    out: View,
+    n_rows: u32,
+    n_cols: u32,
+) -> Result<()> {
     let ctx = rec.ctx;
+    if group.0 == 0 {
+        return Err(Error::invalid("glu: a gate group of 0 rows"));
+    }
     let total = n_rows as u64 * n_cols as u64;
     u32_of("elements", total)?;
     if total == 0 {
@@ -161,6 +199,9 @@ pub fn prepare(
         gate_stride: u32_of("gate stride", gate.stride)?,
         up_offset: u32_of("up offset", up.offset)?,
         up_stride: u32_of("up stride", up.stride)?,
+        gate_group: group.0,
+        gate_group_stride: u32_of("gate group stride", group.1)?,
+        ..Default::default()
     };
     let groups = total.div_ceil(pipe.decisions.workgroup_size as u64);
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod attention_split;
 pub mod elementwise;
 pub mod embed;
+pub mod gated_delta;
 pub mod gemm;
 pub mod glu;
 pub mod kv_shift;
@@ -18,6 +19,7 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod short_conv;
 pub mod softcap;
+pub mod ssm_conv;
 pub mod topk;
 
 /// A `#[repr(C)]` params struct that a WGSL struct of the same name mirrors.
@@ -58,6 +60,8 @@ pub fn all_variants() -> Vec<Variant> {
     v.extend(attention::variants());
     v.extend(attention_split::variants());
     v.extend(short_conv::variants());
+    v.extend(ssm_conv::variants());
+    v.extend(gated_delta::variants());
     v.extend(softcap::variants());
     v
 }
@@ -98,6 +102,8 @@ pub fn all_params() -> Vec<ParamsLayout> {
     v.push(entry::<gemm::GemmParams>());
     v.push(entry::<matmul_bench::BenchCopyParams>());
     v.push(entry::<short_conv::ShortConvParams>());
+    v.push(entry::<ssm_conv::SsmConvParams>());
+    v.push(entry::<gated_delta::GatedDeltaParams>());
     v.push(entry::<softcap::SoftcapParams>());
     v
 }

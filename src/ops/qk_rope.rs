@@ -37,7 +37,9 @@ pub struct QkRopeParams {
     pub in_stride: u32,
     /// Multiplies the rotated pairs ([`crate::rope::RopeConfig::attn_factor`]).
     pub attn_factor: f32,
-    pub _pad0: u32,
+    /// `SRC`: elements between q heads in a token's row (`head_dim`; Qwen3.5's q projection
+    /// interleaves each head's gate: `2 head_dim`).
+    pub q_head_stride: u32,
     pub _pad1: u32,
     pub _pad2: u32,
 }
@@ -59,7 +61,7 @@ impl WgslParams for QkRopeParams {
         ("v_offset", offset_of!(QkRopeParams, v_offset)),
         ("in_stride", offset_of!(QkRopeParams, in_stride)),
         ("attn_factor", offset_of!(QkRopeParams, attn_factor)),
-        ("_pad0", offset_of!(QkRopeParams, _pad0)),
+        ("q_head_stride", offset_of!(QkRopeParams, q_head_stride)),
         ("_pad1", offset_of!(QkRopeParams, _pad1)),
         ("_pad2", offset_of!(QkRopeParams, _pad2)),
     ];
@@ -139,6 +141,9 @@ pub struct FusedQkv<'a> {
     pub src: &'a wgpu::Buffer,
     pub stride: u64,
     pub q_col: u64,
+    /// Elements between q heads from `q_col`: `head_dim`, or `2 head_dim` where each head's
+    /// output gate follows it (Qwen3.5).
+    pub q_head_stride: u64,
     pub k_col: u64,
     pub v_col: u64,
     pub q_out: &'a wgpu::Buffer,
@@ -166,11 +171,15 @@ pub fn prepare_fused(
         ));
     }
     let cols = [
-        (f.q_col, n_head as u64),
-        (f.k_col, n_kv_head as u64),
-        (f.v_col, n_kv_head as u64),
+        (f.q_col, n_head as u64, f.q_head_stride),
+        (f.k_col, n_kv_head as u64, hd),
+        (f.v_col, n_kv_head as u64, hd),
     ];
-    if cols.iter().any(|&(c, heads)| c + heads * hd > f.stride) {
+    if f.q_head_stride < hd
+        || cols
+            .iter()
+            .any(|&(c, heads, step)| c + heads.saturating_sub(1) * step + hd > f.stride)
+    {
         return Err(Error::invalid(format!(
             "qk_rope: q, k, v columns {cols:?} do not fit rows of {}",
             f.stride
@@ -190,7 +199,7 @@ pub fn prepare_fused(
         rec,
         table,
         &b,
-        Some(f.stride),
+        Some((f.stride, f.q_head_stride)),
         n_tokens,
         n_head,
         n_kv_head,
@@ -222,14 +231,14 @@ pub fn prepare(
     )
 }
 
-/// `src_stride`: `Some` for the `SRC` variant (`b.k` is the source of q, k and v; `b.q` the
-/// roped q's output).
+/// `src_stride`: `Some((row stride, q head stride))` for the `SRC` variant (`b.k` is the source
+/// of q, k and v; `b.q` the roped q's output).
 #[allow(clippy::too_many_arguments)]
 fn prepare_inner(
     rec: &mut Recorder,
     table: &RopeTable,
     b: &QkvBuffers,
-    src_stride: Option<u64>,
+    src_stride: Option<(u64, u64)>,
     n_tokens: u32,
     n_head: u32,
     n_kv_head: u32,
@@ -278,11 +287,12 @@ fn prepare_inner(
         q_offset: u32_of("q offset", b.q_offset)?,
         k_offset: u32_of("k offset", b.k_offset)?,
         v_offset: u32_of("v offset", b.v_offset)?,
-        in_stride: u32_of("source stride", src_stride.unwrap_or(0))?,
+        in_stride: u32_of("source stride", src_stride.map_or(0, |s| s.0))?,
         attn_factor: c.attn_factor,
+        q_head_stride: u32_of("q head stride", src_stride.map_or(head_dim, |s| s.1))?,
         ..Default::default()
     };
-    if let Some(stride) = src_stride {
+    if let Some((stride, _)) = src_stride {
         u32_of("source end", n_tokens as u64 * stride)?;
     }
     let rows = n_tokens as u64 * (n_head as u64 + n_kv_head as u64);

@@ -1,0 +1,142 @@
+// The gated delta rule of a gated delta-net layer (Qwen3.5), token by token, with the output's
+// gated RMS norm up to the gate: for value head h (key head hk = h % n_k_heads), token t,
+//   q, k     = the head's q and k from the conv output, each L2-normalised (x / sqrt(|x|^2 + eps))
+//   beta     = sigmoid(b[t, h]);  g = softplus(a_in[t, h] + dt_bias[h]) * A[h]   (A < 0: decay)
+//   S       *= exp(g)                                    (S: the head's S x S state, per layer)
+//   d[j]     = (v[j] - sum_i S[i, j] k[i]) * beta
+//   S[i, j] += k[i] d[j]
+//   o[j]     = sum_i S[i, j] q[i] / sqrt(S)
+//   out[j]   = o[j] / sqrt(mean_j o^2 + norm_eps) * norm_w[j]
+// This is llama.cpp's recurrent form (ggml_gated_delta_net), exact for a batch of any length.
+// The caller multiplies by silu(z) (the GLU of the output projection).
+//
+// The state is stored as llama.cpp stores it, transposed: row j holds column j of S, so an
+// invocation owning j reads and writes only its row, and the rows need no synchronisation. The
+// barriers are the norms' reductions (the sums of squares of q, k and o over the head).
+// A batch starting at position 0 starts from a zero state (a new sequence).
+//
+// Defines (src/ops/gated_delta.rs): WG_SIZE, a power of two (the tree reduction halves it).
+// One workgroup per value head, 2-D grid.
+
+#include "common_decls.tmpl"
+
+struct GatedDeltaParams {
+    n_tokens: u32,
+    n_k_heads: u32,
+    n_v_heads: u32,
+    head_dim: u32,     // S: key and value head size
+    pos0: u32,         // added to step.pos0
+    qkv_stride: u32,   // elements between tokens in qkv
+    k_offset: u32,     // element index of k[0, 0] in a token's qkv row (q at 0)
+    v_offset: u32,     // element index of v[0, 0] in a token's qkv row
+    ba_offset: u32,    // element index of b[0, 0] in ba; a_in follows at + n_v_heads
+    ba_stride: u32,    // elements between tokens in ba
+    out_offset: u32,   // element index of out[0, 0, 0] in dst
+    out_stride: u32,   // elements between tokens in dst
+    eps: f32,          // the L2 norms' epsilon
+    norm_eps: f32,     // the output RMS norm's epsilon
+    pad0: u32,
+    pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: GatedDeltaParams;
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;          // (T, qkv_stride): q (n_k, S) | k (n_k, S) | v (n_v, S)
+@group(0) @binding(2) var<storage, read> ba: array<f32>;           // (T, ba_stride): b (n_v) then a_in (n_v) from ba_offset
+@group(0) @binding(3) var<storage, read> head_w: array<f32>;       // (3, n_v): dt_bias, A, then norm_w (S) from 2 n_v
+@group(0) @binding(4) var<storage, read_write> state: array<f32>;  // (n_v, S, S): row j of head h = column j of S
+@group(0) @binding(5) var<storage, read_write> dst: array<f32>;    // (T, out_stride): out (n_v, S) from out_offset
+@group(0) @binding(6) var<storage, read> step: StepState;          // this step's positions
+
+var<workgroup> red: array<vec2<f32>, WG_SIZE>;
+
+// Sum of (x, y) over the workgroup; every invocation gets it. Callers are in uniform control flow.
+fn reduce2(lid: u32, v: vec2<f32>) -> vec2<f32> {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = red[0];
+    // Nobody writes red again until everyone has read the total.
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(WG_SIZE)
+fn gated_delta(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    // Workgroups past the last head skip the work but not the barriers (uniform control flow).
+    let h_raw = get_wid(wid, nwg);
+    let live = h_raw < p.n_v_heads;
+    let h = min(h_raw, p.n_v_heads - 1u);
+    let hk = h % p.n_k_heads;
+    let n = p.head_dim;
+    let rows = h * n * n; // this head's state
+    // The rows this invocation owns: j0, j0 + WG_SIZE, ... (none in a workgroup past the heads).
+    let j0 = select(n, lid, live);
+    if step.pos0 + p.pos0 == 0u {
+        for (var j = j0; j < n; j += WG_SIZE) {
+            for (var i = 0u; i < n; i++) {
+                state[rows + j * n + i] = 0.0;
+            }
+        }
+    }
+    let nv = p.n_v_heads;
+    let scale = 1.0 / sqrt(f32(n));
+    for (var t = 0u; t < p.n_tokens; t++) {
+        let qb = t * p.qkv_stride + hk * n;
+        let kb = t * p.qkv_stride + p.k_offset + hk * n;
+        let vb = t * p.qkv_stride + p.v_offset + h * n;
+        var ss = vec2<f32>(0.0);
+        for (var i = lid; i < n; i += WG_SIZE) {
+            let q = qkv[qb + i];
+            let k = qkv[kb + i];
+            ss += vec2<f32>(q * q, k * k);
+        }
+        let tot = reduce2(lid, ss);
+        let inv_q = 1.0 / sqrt(tot.x + p.eps);
+        let inv_k = 1.0 / sqrt(tot.y + p.eps);
+        let bab = p.ba_offset + t * p.ba_stride;
+        let beta = 1.0 / (1.0 + exp(-ba[bab + h]));
+        // softplus as ggml computes it (the identity past 20).
+        let x = ba[bab + nv + h] + head_w[h];
+        var sp = x;
+        if x <= 20.0 {
+            sp = log(1.0 + exp(x));
+        }
+        let decay = exp(sp * head_w[nv + h]);
+        var oo = 0.0;
+        let ob = p.out_offset + t * p.out_stride + h * n;
+        for (var j = j0; j < n; j += WG_SIZE) {
+            let r = rows + j * n;
+            var sk = 0.0;
+            for (var i = 0u; i < n; i++) {
+                let s = state[r + i] * decay;
+                state[r + i] = s;
+                sk += s * (qkv[kb + i] * inv_k);
+            }
+            let d = (qkv[vb + j] - sk) * beta;
+            var o = 0.0;
+            for (var i = 0u; i < n; i++) {
+                let s = state[r + i] + (qkv[kb + i] * inv_k) * d;
+                state[r + i] = s;
+                o += s * (qkv[qb + i] * inv_q);
+            }
+            o *= scale;
+            dst[ob + j] = o;
+            oo += o * o;
+        }
+        let o_ss = reduce2(lid, vec2<f32>(oo, 0.0)).x;
+        let inv_o = 1.0 / sqrt(o_ss / f32(n) + p.norm_eps);
+        // Each invocation rescales the outputs it wrote itself.
+        for (var j = j0; j < n; j += WG_SIZE) {
+            dst[ob + j] = dst[ob + j] * inv_o * head_w[2u * nv + j];
+        }
+    }
+}
