@@ -314,6 +314,36 @@ async fn template_refusals() {
             "writes out a value",
         ),
         (
+            "a namespace that holds itself, joined by the join filter",
+            "{% set ns = namespace() %}{% set ns.me = ns %}{{ [ns] | join }}",
+            "writes out a value",
+        ),
+        (
+            "a namespace that holds itself, joined by Python's str.join",
+            "{% set ns = namespace() %}{% set ns.me = ns %}{{ ', '.join([ns]) }}",
+            "writes out a value",
+        ),
+        (
+            "a namespace that holds itself, formatted by %",
+            "{% set ns = namespace() %}{% set ns.me = ns %}{{ '%s' % ns }}",
+            "writes out a value",
+        ),
+        (
+            "two lists each holding one list twice, 64 levels deep, compared by ==",
+            "{% set ns = namespace(a=[1], b=[1]) %}{% for i in range(64) %}{% set ns.a = [ns.a, ns.a] %}{% set ns.b = [ns.b, ns.b] %}{% endfor %}{{ ns.a == ns.b }}",
+            "writes out a value",
+        ),
+        (
+            "such lists compared by the eq test and by in",
+            "{% set ns = namespace(a=[1], b=[1]) %}{% for i in range(64) %}{% set ns.a = [ns.a, ns.a] %}{% set ns.b = [ns.b, ns.b] %}{% endfor %}{{ ns.a is eq(ns.b) }}{{ ns.a in [ns.b] }}",
+            "writes out a value",
+        ),
+        (
+            "such lists sorted and made unique",
+            "{% set ns = namespace(a=[1], b=[1]) %}{% for i in range(64) %}{% set ns.a = [ns.a, ns.a] %}{% set ns.b = [ns.b, ns.b] %}{% endfor %}{{ [ns.a, ns.b] | sort | unique | length }}",
+            "writes out a value",
+        ),
+        (
             "a list holding one list twice, 64 levels deep, joined to a string by ~",
             "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ (ns.l ~ '') | length }}",
             "writes out a value",

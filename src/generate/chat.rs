@@ -583,7 +583,7 @@ fn environment() -> minijinja::Environment<'static> {
 /// as `\u003c`..., so a tool description such as "a < b" would reach the model unlike the prompts
 /// it was trained on. Takes `json.dumps`'s `indent` (also positional, as Jinja's filter does),
 /// `separators`, `ensure_ascii` and `sort_keys`.
-fn tojson(
+pub(crate) fn tojson(
     state: &minijinja::State,
     value: minijinja::Value,
     indent: Option<minijinja::Value>,

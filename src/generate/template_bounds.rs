@@ -16,7 +16,10 @@
 //!
 //! Writing a value out as text is bounded the same way ([`register`]): its parts are counted
 //! first, so a namespace that holds itself, or lists nested with sharing, are refused instead
-//! of overflowing the stack or walking 2^64 parts.
+//! of overflowing the stack or walking 2^64 parts. So is every other place the engine walks a
+//! whole value: the operands of comparisons (`==`, `<`, `in`, ... and the tests `eq`, `lt`, ...),
+//! of `%` and `in`, and the inputs of the filters that write out or compare what they are given
+//! ([`WALKING_FILTERS`]) are wrapped in [`WRITTEN`] by [`guard_source`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,6 +33,58 @@ use minijinja::{Environment, Error, ErrorKind, State};
 pub(crate) const GUARD: &str = "__cera_bounded";
 /// The function it wraps operands of `~` in: they are written out as text.
 pub(crate) const WRITTEN: &str = "__cera_written";
+
+/// Filters that write out or compare all of their input (and arguments): their operands are
+/// counted first, as a written-out value is.
+const WALKING_FILTERS: &[&str] = &[
+    "join",
+    "sort",
+    "unique",
+    "dictsort",
+    "groupby",
+    "min",
+    "max",
+    "sum",
+    "format",
+    "indent",
+    "replace",
+    "lower",
+    "upper",
+    "title",
+    "capitalize",
+    "trim",
+    "urlencode",
+    "escape",
+    "e",
+    "safe",
+    "wordcount",
+    "center",
+    "striptags",
+    "truncate",
+];
+/// Python string methods (minijinja-contrib's pycompat) that write out their arguments:
+/// `', '.join(items)`, `'{}'.format(x)`.
+const WRITING_METHODS: &[&str] = &["join", "format"];
+/// Tests that compare their operands.
+const COMPARING_TESTS: &[&str] = &[
+    "eq",
+    "equalto",
+    "==",
+    "ne",
+    "!=",
+    "lt",
+    "lessthan",
+    "<",
+    "le",
+    "<=",
+    "gt",
+    "greaterthan",
+    ">",
+    "ge",
+    ">=",
+    "in",
+    "sameas",
+];
 
 /// Items copied out per unit of fuel (minijinja charges a byte of a new string the same).
 const ITEMS_PER_FUEL: u64 = 64;
@@ -132,7 +187,7 @@ fn register_writers(env: &mut Environment<'_>, max_parts: usize, over: Arc<Atomi
         "tojson",
         move |state: &State, v: Value, indent: Option<Value>, args: Kwargs| {
             count_parts(state, &v, max_parts, &o)?;
-            minijinja::filters::tojson(&v, indent, args)
+            super::chat::tojson(state, v, indent, args)
         },
     );
     env.add_filter("pprint", move |state: &State, v: Value| {
@@ -420,8 +475,34 @@ fn walk(e: &Expr<'_>, out: &mut Vec<(usize, usize, &'static str)>) -> (usize, us
     let mut r = (s.start_offset as usize, s.end_offset as usize);
     let guard = match e {
         Expr::BinOp(b) if matches!(b.op, BinOpKind::Add) => Some(GUARD),
-        Expr::BinOp(b) if matches!(b.op, BinOpKind::Concat) => Some(WRITTEN),
+        Expr::BinOp(b)
+            if matches!(
+                b.op,
+                BinOpKind::Concat
+                    | BinOpKind::Rem
+                    | BinOpKind::In
+                    | BinOpKind::Eq
+                    | BinOpKind::Ne
+                    | BinOpKind::Lt
+                    | BinOpKind::Lte
+                    | BinOpKind::Gt
+                    | BinOpKind::Gte
+            ) =>
+        {
+            Some(WRITTEN)
+        }
+        Expr::Compare(_) => Some(WRITTEN),
+        Expr::Filter(f) if WALKING_FILTERS.contains(&f.name) => Some(WRITTEN),
+        Expr::Test(t) if COMPARING_TESTS.contains(&t.name) => Some(WRITTEN),
+        Expr::Call(c) if matches!(&c.expr, Expr::GetAttr(g) if WRITING_METHODS.contains(&g.name)) => {
+            Some(WRITTEN)
+        }
         _ => None,
+    };
+    // A method call's callee (`', '.join`) is not a value: only its arguments are guarded.
+    let callee: *const Expr<'_> = match e {
+        Expr::Call(c) => &c.expr,
+        _ => std::ptr::null(),
     };
     children(e, &mut |c| {
         let (a, b) = walk(c, out);
@@ -430,7 +511,12 @@ fn walk(e: &Expr<'_>, out: &mut Vec<(usize, usize, &'static str)>) -> (usize, us
             c,
             Expr::Const(_) | Expr::List(_) | Expr::Tuple(_) | Expr::Map(_)
         );
-        if let (Some(name), false) = (guard, literal) {
+        // A list or map spelled out may still hold anything: only constants skip the count.
+        let skip = match guard {
+            Some(WRITTEN) => matches!(c, Expr::Const(_)),
+            _ => literal,
+        };
+        if let (Some(name), false) = (guard, skip || std::ptr::eq(c, callee)) {
             out.push((a, b, name));
         }
         r = (r.0.min(a), r.1.max(b));
@@ -447,14 +533,23 @@ mod tests {
     }
 
     #[test]
-    fn operands_of_plus_are_wrapped_and_nothing_else() {
+    fn operands_of_plus_and_of_walks_are_wrapped_and_nothing_else() {
         assert_eq!(
             g("{{ a + b }}"),
             "{{ __cera_bounded(a) + __cera_bounded(b) }}"
         );
         assert_eq!(
             g("{{ 'x' + m.content | trim + [1] }}"),
-            "{{ __cera_bounded('x' + __cera_bounded(m.content | trim)) + [1] }}"
+            "{{ __cera_bounded('x' + __cera_bounded(__cera_written(m.content) | trim)) + [1] }}"
+        );
+        // Comparisons, `in`, `%`, walking filters and tests, and str.join / str.format.
+        assert_eq!(
+            g("{{ m.role == 'user' }}{{ a in b }}{{ '%s' % x }}{{ x is eq(y) }}"),
+            "{{ __cera_written(m.role) == 'user' }}{{ __cera_written(a) in __cera_written(b) }}{{ '%s' % __cera_written(x) }}{{ __cera_written(x) is eq(__cera_written(y)) }}"
+        );
+        assert_eq!(
+            g("{{ x | join(', ') }}{{ ', '.join(x) }}{{ x | length }}{{ x is defined }}"),
+            "{{ __cera_written(x) | join(', ') }}{{ ', '.join(__cera_written(x)) }}{{ x | length }}{{ x is defined }}"
         );
         assert_eq!(
             g("{{ (a + b) + c[0] }}"),
