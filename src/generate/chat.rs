@@ -28,9 +28,9 @@
 //! than 65,536 items plus two per message. Writing a value out as text (`{{ x }}`, `~`,
 //! `string`, `tojson`, `pprint`) first counts its parts, without recursion, and refuses more
 //! than four times that: a namespace that holds itself would otherwise recurse until the stack
-//! overflows, and a list holding one list twice, 64 levels deep, is 2^64 parts. Not covered yet:
-//! `join` and the other filters that turn a list into text, and comparing (`==`, `sort`) two
-//! such deep lists that are not the same object.
+//! overflows, and a list holding one list twice, 64 levels deep, is 2^64 parts. So does every
+//! other walk of a whole value: comparisons, `in`, `%`, the filters that write out or compare
+//! (`join`, `sort`, `format`, ...) and Python's `str.join` / `str.format`.
 
 use super::template_bounds;
 use crate::error::{Error, ErrorCode, Result};
