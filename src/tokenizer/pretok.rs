@@ -1,15 +1,16 @@
 //! Byte-level BPE pre-tokenizers: text -> words, exactly as llama.cpp's `unicode_regex_split`.
 //!
 //! The regexes of the Hugging Face tokenizers use lookahead (`\s+(?!\S)`), so llama.cpp hand-codes
-//! them over its own codepoint categories (`unicode_regex_split_custom_{gpt2,llama3,qwen2}`);
-//! these are line-for-line ports. `default` chains four regexes, which llama.cpp runs through
-//! `std::regex` on a "collapsed" text (one byte per codepoint, a stand-in byte per category);
-//! each of them is a plain character-class run, ported here as such.
+//! them over its own codepoint categories (`unicode_regex_split_custom_{gpt2,llama3,qwen2,qwen35}`);
+//! these are line-for-line ports. `default` chains four regexes, and `gpt-4o` has one, that
+//! llama.cpp runs through `std::regex` on a "collapsed" text (one byte per codepoint, a stand-in
+//! byte per category); `default`'s are plain character-class runs, ported as such, and `gpt-4o`'s
+//! backtracking is worked out by hand below (`Text::gpt4o`).
 //!
 //! Every splitter takes the current split (`offsets`: lengths in codepoints, summing to the text)
 //! and refines each piece independently, like llama.cpp.
 
-use super::unicode::{Flags, NUMBER, PUNCTUATION};
+use super::unicode::{Flags, LETTER, NUMBER, PUNCTUATION};
 
 /// The pre-tokenizers we implement, chosen by `tokenizer.ggml.pre` (llama.cpp's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +23,15 @@ pub enum PreTokenizer {
     Llama3,
     /// `qwen2` (...): as llama3 but `\p{N}` (single digits).
     Qwen2,
+    /// `qwen35`: as qwen2 with combining marks joined to letters: `[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+`
+    /// and ` ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*`.
+    Qwen35,
+    /// `gpt-4o` (`llama4`, `kanana2`, `talkie`): the o200k regex as llama.cpp rewrites it for
+    /// `std::regex`, `[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|...)?|`
+    /// `[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|...)?|\p{N}{1,3}|`
+    /// ` ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`: upper/lower case is ASCII only
+    /// (every other letter counts as both).
+    Gpt4o,
 }
 
 impl PreTokenizer {
@@ -35,6 +45,8 @@ impl PreTokenizer {
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
             | "midm-2.0" | "lfm2" | "jina-v5-nano" | "dbrx" | "smaug-bpe" => PreTokenizer::Llama3,
             "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" => PreTokenizer::Qwen2,
+            "qwen35" => PreTokenizer::Qwen35,
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" => PreTokenizer::Gpt4o,
             _ => return None,
         })
     }
@@ -67,8 +79,10 @@ impl PreTokenizer {
         };
         match self {
             PreTokenizer::Gpt2 => offsets = s.gpt2(&offsets),
-            PreTokenizer::Llama3 => offsets = s.llama3_qwen2(&offsets, Some(3)),
-            PreTokenizer::Qwen2 => offsets = s.llama3_qwen2(&offsets, None),
+            PreTokenizer::Llama3 => offsets = s.llama3_qwen2(&offsets, Some(3), false),
+            PreTokenizer::Qwen2 => offsets = s.llama3_qwen2(&offsets, None, false),
+            PreTokenizer::Qwen35 => offsets = s.llama3_qwen2(&offsets, None, true),
+            PreTokenizer::Gpt4o => offsets = s.gpt4o(&offsets),
             PreTokenizer::Default => {
                 offsets = s.class_runs(&offsets, default_punct);
                 offsets = s.gpt2(&offsets);
@@ -125,6 +139,10 @@ impl Piece<'_> {
         } else {
             Flags::NONE
         }
+    }
+    /// The codepoint at `pos` as the `gpt-4o` regex sees it.
+    fn o200k(&self, pos: usize) -> O200k {
+        O200k::of(self.cpt(pos), self.flags(pos))
     }
     fn add(&mut self, end: usize) -> usize {
         debug_assert!(self.prev_end <= end && end <= self.end);
@@ -249,9 +267,16 @@ impl Text<'_> {
         })
     }
 
-    /// `unicode_regex_split_custom_llama3` (`max_digits` Some(3): `\p{N}{1,3}`) and
-    /// `unicode_regex_split_custom_qwen2` (None: `\p{N}`).
-    fn llama3_qwen2(&self, offsets: &[usize], max_digits: Option<usize>) -> Vec<usize> {
+    /// `unicode_regex_split_custom_llama3` (`max_digits` Some(3): `\p{N}{1,3}`),
+    /// `unicode_regex_split_custom_qwen2` (None: `\p{N}`) and `unicode_regex_split_custom_qwen35`
+    /// (None, `marks`: a word is `[\p{L}\p{M}]+` and the symbol run excludes `\p{M}` too).
+    fn llama3_qwen2(
+        &self,
+        offsets: &[usize],
+        max_digits: Option<usize>,
+        marks: bool,
+    ) -> Vec<usize> {
+        let word = |f: Flags| f.is_letter() || (marks && f.is_mark());
         self.pieces(offsets, |p| {
             let mut pos = p.ini;
             while pos < p.end {
@@ -262,12 +287,10 @@ impl Text<'_> {
                     continue;
                 }
                 let is_rn = |c: u32| c == '\r' as u32 || c == '\n' as u32;
-                // [^\r\n\p{L}\p{N}]?\p{L}+
-                if !(is_rn(cpt) || flags.is_number())
-                    && (flags.is_letter() || p.flags(pos + 1).is_letter())
-                {
+                // [^\r\n\p{L}\p{N}]?\p{L}+   (qwen35: [\p{L}\p{M}]+)
+                if !(is_rn(cpt) || flags.is_number()) && (word(flags) || word(p.flags(pos + 1))) {
                     pos += 1;
-                    while p.flags(pos).is_letter() {
+                    while word(p.flags(pos)) {
                         pos += 1;
                     }
                     p.add(pos);
@@ -297,7 +320,7 @@ impl Text<'_> {
                 // <space>?[^\s\p{L}\p{N}]+[\r\n]*   (note: llama.cpp tests `flags`, not `flags2`, for any())
                 let space = cpt == ' ' as u32;
                 let mut flags2 = if space { p.flags(pos + 1) } else { flags };
-                let other = |f: Flags| !(f.ws || f.is_letter() || f.is_number());
+                let other = |f: Flags| !(f.ws || word(f) || f.is_number());
                 if other(flags2) && flags.any() {
                     pos += space as usize;
                     while other(flags2) && flags2.any() {
@@ -339,6 +362,101 @@ impl Text<'_> {
                     continue;
                 }
                 pos += 1;
+                p.add(pos);
+            }
+        })
+    }
+
+    /// The `gpt-4o` regex as `std::regex` (ECMAScript: ordered alternatives, greedy with
+    /// backtracking) runs it on the collapsed text, worked out per alternative. Every codepoint
+    /// starts a match of some alternative, so no piece is ever a gap between matches.
+    ///
+    /// With U = `[A-Z]` or a non-ASCII letter and L = `[a-z]` or a non-ASCII letter (the
+    /// collapsed letter byte passes both `[^a-z]` and `[^A-Z]`), the two word alternatives are
+    /// `P? U* L+ C?` and `P? U+ L* C?` (P = `[^\r\n\p{L}\p{N}]`, C = a contraction). From the
+    /// word start q with its maximal U run q..u: if u is `[a-z]`, the first wins with the L run
+    /// from u; otherwise U* backtracks to the last non-ASCII letter k in q..u and L+ is that one
+    /// codepoint (k + 1: what follows is `[A-Z]` or not a letter); with none, the second wins
+    /// with U+ = q..u (L* is empty there, else the first would have matched).
+    fn gpt4o(&self, offsets: &[usize]) -> Vec<usize> {
+        self.pieces(offsets, |p| {
+            let mut pos = p.ini;
+            while pos < p.end {
+                let c = p.o200k(pos);
+                // [^\r\n\p{L}\p{N}]? before a word: taken whenever a letter follows
+                let q = if c.prefix() && p.o200k(pos + 1).letter() {
+                    pos + 1
+                } else {
+                    pos
+                };
+                if p.o200k(q).letter() {
+                    let mut u = q;
+                    while matches!(p.o200k(u), O200k::Upper | O200k::Letter) {
+                        u += 1;
+                    }
+                    let mut end = if p.o200k(u) == O200k::Lower {
+                        let mut e = u;
+                        while matches!(p.o200k(e), O200k::Lower | O200k::Letter) {
+                            e += 1;
+                        }
+                        e
+                    } else {
+                        match (q..u).rev().find(|&k| p.o200k(k) == O200k::Letter) {
+                            Some(k) => k + 1,
+                            None => u,
+                        }
+                    };
+                    // (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?
+                    if let Some(e) = contraction(p, end, true) {
+                        end = e;
+                    }
+                    pos = end;
+                    p.add(pos);
+                    continue;
+                }
+                // \p{N}{1,3}
+                if c == O200k::Number {
+                    let ini = pos;
+                    while p.o200k(pos) == O200k::Number && pos - ini < 3 {
+                        pos += 1;
+                    }
+                    p.add(pos);
+                    continue;
+                }
+                // <space>?[^\s\p{L}\p{N}]+[\r\n/]*
+                let start = if p.cpt(pos) == ' ' as u32 && p.o200k(pos + 1) == O200k::Other {
+                    pos + 1
+                } else {
+                    pos
+                };
+                if p.o200k(start) == O200k::Other {
+                    pos = start;
+                    while p.o200k(pos) == O200k::Other {
+                        pos += 1;
+                    }
+                    while p.o200k(pos) == O200k::Newline || p.cpt(pos) == '/' as u32 {
+                        pos += 1;
+                    }
+                    p.add(pos);
+                    continue;
+                }
+                // what is left is whitespace (`\s`): \s*[\r\n]+ | \s+(?!\S) | \s+
+                debug_assert!(c.space());
+                let mut n_ws = 0;
+                let mut last_rn_end = 0;
+                while p.o200k(pos + n_ws).space() {
+                    if p.o200k(pos + n_ws) == O200k::Newline {
+                        last_rn_end = pos + n_ws + 1;
+                    }
+                    n_ws += 1;
+                }
+                pos = if last_rn_end > 0 {
+                    last_rn_end
+                } else if n_ws > 1 && p.cpt(pos + n_ws) != OUT_OF_RANGE {
+                    pos + n_ws - 1
+                } else {
+                    pos + n_ws
+                };
                 p.add(pos);
             }
         })
@@ -398,4 +516,65 @@ fn default_number(c: u32, f: Flags) -> bool {
         return (b'0' as u32..=b'9' as u32).contains(&c);
     }
     !f.ws && f.cat == NUMBER
+}
+
+/// A codepoint as the `gpt-4o` regex sees it in llama.cpp's collapsed text: ASCII as itself,
+/// `std::regex`'s `\s` being the C locale's (tab, LF, VT, FF, CR, space); above ASCII a
+/// whitespace codepoint becomes a vertical tab, a letter or number its category byte, and
+/// everything else a byte no class of the regex names.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum O200k {
+    /// `A-Z`: passes `[^a-z]` only.
+    Upper,
+    /// `a-z`: passes `[^A-Z]` only.
+    Lower,
+    /// A non-ASCII letter: one byte for all of them, which passes both.
+    Letter,
+    /// `\p{N}`.
+    Number,
+    /// `\r`, `\n`.
+    Newline,
+    /// The rest of `\s`.
+    Space,
+    /// `[^\s\p{L}\p{N}]`.
+    Other,
+    /// Past the fragment.
+    End,
+}
+
+impl O200k {
+    fn of(c: u32, f: Flags) -> O200k {
+        if c == OUT_OF_RANGE {
+            return O200k::End;
+        }
+        if c < 128 {
+            return match c as u8 {
+                b'A'..=b'Z' => O200k::Upper,
+                b'a'..=b'z' => O200k::Lower,
+                b'0'..=b'9' => O200k::Number,
+                b'\r' | b'\n' => O200k::Newline,
+                b'\t' | 0x0B | 0x0C | b' ' => O200k::Space,
+                _ => O200k::Other,
+            };
+        }
+        if f.ws {
+            O200k::Space
+        } else if f.cat == LETTER {
+            O200k::Letter
+        } else if f.cat == NUMBER {
+            O200k::Number
+        } else {
+            O200k::Other
+        }
+    }
+    fn letter(self) -> bool {
+        matches!(self, O200k::Upper | O200k::Lower | O200k::Letter)
+    }
+    fn space(self) -> bool {
+        matches!(self, O200k::Newline | O200k::Space)
+    }
+    /// `[^\r\n\p{L}\p{N}]`
+    fn prefix(self) -> bool {
+        matches!(self, O200k::Space | O200k::Other)
+    }
 }

@@ -5,6 +5,7 @@ use super::unicode_data::{FLAG_RANGES, WHITESPACE};
 
 pub(super) const NUMBER: u8 = 0x02;
 pub(super) const LETTER: u8 = 0x04;
+pub(super) const MARK: u8 = 0x10;
 pub(super) const PUNCTUATION: u8 = 0x20;
 
 /// llama.cpp's `unicode_cpt_flags` reduced to what the splitters read. `Flags::NONE` is what its
@@ -35,6 +36,10 @@ impl Flags {
     }
     pub fn is_number(self) -> bool {
         self.cat & NUMBER != 0
+    }
+    /// `\p{M}` (llama.cpp's `is_accent_mark`).
+    pub fn is_mark(self) -> bool {
+        self.cat & MARK != 0
     }
     /// `flags.as_uint() != 0`: any bit set. Every codepoint in range has a category bit (the
     /// generator asserts it), so this is "inside the fragment".
@@ -86,7 +91,8 @@ mod tests {
                 && !Flags::of('a' as u32).ws
         );
         assert_eq!(Flags::of(',' as u32).cat, PUNCTUATION);
-        assert_eq!(Flags::of(0x301).cat, 0x10); // combining acute: \p{M}
+        assert_eq!(Flags::of(0x301).cat, MARK); // combining acute: \p{M}
+        assert!(Flags::of(0x301).is_mark() && !Flags::of('e' as u32).is_mark());
         assert_eq!(
             Flags::of(0x110000),
             Flags {
