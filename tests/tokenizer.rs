@@ -285,6 +285,9 @@ fn qwen35_and_gpt4o_split_like_llama_cpp_regexes() {
     assert_eq!(g("a.\n/b  c\n\n"), ["a", ".\n/", "b", " ", " c", "\n\n"]);
     // a non-ASCII letter is both cases: "\u{e9}A" ends the first word after \u{e9}
     assert_eq!(g("\u{c9}cole \u{e9}A"), ["\u{c9}cole", " \u{e9}", "A"]);
+    // ... and an all-caps word that starts with one splits after it (Hugging Face's regex,
+    // with real case classes, keeps "\u{c9}COLE" whole; llama.cpp does not)
+    assert_eq!(g("\u{c9}COLE"), ["\u{c9}", "COLE"]);
 }
 
 #[test]
