@@ -25,6 +25,11 @@
 //   ROWS (with W_VEC4, SUBGROUP and NT = 1): a team takes NR rows, r, r + RPW, ... and reads
 //   each item's X once for all of them (quant_decls.tmpl `item_rows`); a workgroup covers
 //   RPW * NR rows. For large decode GEMVs, where reading X once per row bound the kernel.
+//   KS (with ROWS): KS teams share a workgroup's rows, each taking every KS-th stride of their
+//   items (lane l of team q decodes items q * TPR + l, + TPR * KS, ...), and add their sums in
+//   workgroup memory; a workgroup covers RPW / KS * NR rows. For GEMVs with few rows and long
+//   ones (Llama 3 8B's 4096 x 14336 down projection ran 256 workgroups of 8 teams), where too
+//   few workgroups kept too few loads in flight to stream W at full speed.
 //   XVEC4: X is bound as vec4 (16-byte loads); the host sets it only when X[t, 0] is a multiple
 //   of 4 elements for every token (x_offset and cols multiples of 4).
 //   X_GLU (with SILU or GELU): X is a gated unit's output computed on the fly, X = act(G) * U,
@@ -317,10 +322,24 @@ var<workgroup> red: array<f32, WG_SIZE * NT>; // (WG_SIZE, NT) partial sums
 #endif
 
 #ifdef ROWS
-// The ROWS body: team `slot` of workgroup g takes rows r0 + k * RPW, k < NR, of token t.
+#ifdef KS
+var<workgroup> ks_red: array<f32, RPW * NR>; // (RPW / KS row teams, NR, KS) the teams' sums
+#endif
+// The ROWS body: team `slot` of workgroup g takes its share of rows r0 + k * RG, k < NR, of
+// token t, where RG = RPW / KS teams of rows per workgroup (KS = 1 without the define).
 fn rows_main(g: u32, lane: u32, slot: u32) {
+#ifdef KS
+    let kq = slot % KS; // which stride of the rows' items
+    let rslot = slot / KS;
+    const RG = RPW / KS;
+#else
+    let kq = 0u;
+    let rslot = slot;
+    const RG = RPW;
+    const KS = 1u;
+#endif
     let t = g / p.row_groups;
-    let r0 = (g % p.row_groups) * RPW * NR + slot;
+    let r0 = (g % p.row_groups) * RG * NR + rslot;
     xbase = p.x_offset + t * p.x_stride;
 #ifdef GLU_WG
     xbase = 0u; // X is in xw4
@@ -332,15 +351,16 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
         // Rows past the part's end read clamped or zero words (WGSL bounds every access) and
         // are never written.
         let rb = r0 * p.row_words;
-        let rs = RPW * p.row_words;
+        let rs = RG * p.row_words;
         let n = items();
-        var j = lane;
-        for (; j + (UNROLL - 1u) * TPR < n; j += UNROLL * TPR) {
+        const STEP = TPR * KS;
+        var j = kq * TPR + lane;
+        for (; j + (UNROLL - 1u) * STEP < n; j += UNROLL * STEP) {
             for (var u = 0u; u < UNROLL; u++) {
-                item_rows(rb, rs, j + u * TPR);
+                item_rows(rb, rs, j + u * STEP);
             }
         }
-        for (; j < n; j += TPR) {
+        for (; j < n; j += STEP) {
             item_rows(rb, rs, j);
         }
     }
@@ -349,9 +369,27 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
             accr[k] += subgroupShuffleXor(accr[k], s);
         }
     }
+#ifdef KS
     if lane == 0u {
         for (var k = 0u; k < NR; k++) {
-            let r = r0 + k * RPW;
+            ks_red[(rslot * NR + k) * KS + kq] = accr[k];
+        }
+    }
+    workgroupBarrier();
+    if kq != 0u {
+        return;
+    }
+    for (var k = 0u; k < NR; k++) {
+        var sum = 0.0;
+        for (var q = 0u; q < KS; q++) {
+            sum += ks_red[(rslot * NR + k) * KS + q];
+        }
+        accr[k] = sum;
+    }
+#endif
+    if lane == 0u {
+        for (var k = 0u; k < NR; k++) {
+            let r = r0 + k * RG;
             if r < p.rows && t < p.n_tokens {
                 y[p.y_offset + t * p.y_stride + r] = accr[k];
             }

@@ -46,7 +46,7 @@ fn tolerance(ty: GgmlType) -> f64 {
 /// cooperative units, and row teams (the GPU decision: interleaved items, subgroup shuffles
 /// where the adapter has them and the team fits a subgroup, workgroup memory otherwise), GEMV
 /// and GEMM, plus small odd ones (3 tokens per thread, 4 rows per workgroup).
-const SHAPES: [MatmulConfig; 12] = [
+const SHAPES: [MatmulConfig; 14] = [
     MatmulConfig::simple(1),
     MatmulConfig::simple(8),
     MatmulConfig::cooperative(256, 8, 1),
@@ -68,6 +68,17 @@ const SHAPES: [MatmulConfig; 12] = [
     },
     MatmulConfig {
         rows_per_team: 2,
+        ..MatmulConfig::team(64, 8, 1)
+    },
+    // Teams sharing rows (KS): 4 teams on each of 8 row teams of 2 rows, and all 8 teams of a
+    // workgroup on one row (same conditions as several rows a team).
+    MatmulConfig {
+        rows_per_team: 2,
+        k_split: 4,
+        ..MatmulConfig::team(256, 8, 1)
+    },
+    MatmulConfig {
+        k_split: 8,
         ..MatmulConfig::team(64, 8, 1)
     },
 ];
@@ -264,6 +275,10 @@ async fn check_glu(ty: GgmlType) {
         MatmulConfig::cooperative(64, 4, 3),
         MatmulConfig {
             rows_per_team: 4,
+            ..MatmulConfig::team(256, 8, 1)
+        },
+        MatmulConfig {
+            k_split: 2,
             ..MatmulConfig::team(256, 8, 1)
         },
         // The gated unit per row instead of once per workgroup (the fallback for wide X).
@@ -470,6 +485,11 @@ async fn check_prenorm(ty: GgmlType) {
             }),
             Some(MatmulConfig {
                 rows_per_team: 2,
+                ..MatmulConfig::team(256, 8, 1)
+            }),
+            Some(MatmulConfig {
+                rows_per_team: 2,
+                k_split: 4,
                 ..MatmulConfig::team(256, 8, 1)
             }),
         ];

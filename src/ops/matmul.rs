@@ -118,6 +118,30 @@ pub fn units_per_row(ty: GgmlType, cols: u64) -> u64 {
     }
 }
 
+/// Workgroups a decode GEMV with 16-byte items aims for at least, by letting teams share rows
+/// (`MatmulConfig::k_split`): an H200 has 132 compute units, and a GEMV of 256 workgroups (Llama 3
+/// 8B's 4096 x 14336 down projection, 16 rows each) kept too few loads in flight.
+pub const GEMV_MIN_WORKGROUPS: u64 = 1024;
+
+/// [`GEMV_MIN_WORKGROUPS`], or on native builds `CERA_GEMV_MIN_WG` when set (0 turns row sharing
+/// off), so that `cera bench` can compare on a GPU without a rebuild (docs/benchmarking.md).
+pub fn gemv_min_workgroups() -> u64 {
+    env_u64("CERA_GEMV_MIN_WG").unwrap_or(GEMV_MIN_WORKGROUPS)
+}
+
+/// A native build's numeric tuning knob from the environment (none in the browser).
+fn env_u64(name: &str) -> Option<u64> {
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Ok(v) = std::env::var(name) {
+        match v.trim().parse() {
+            Ok(n) => return Some(n),
+            Err(_) => eprintln!("{name}={v:?} is not a number; using the default"),
+        }
+    }
+    let _ = name;
+    None
+}
+
 /// Threads a GEMV aims to keep in flight: a large GPU's resident threads a couple of times over
 /// (an H200 holds 132 x 2048), more than a small GPU needs, where larger teams only add a
 /// short reduction.
@@ -145,6 +169,11 @@ pub struct MatmulConfig {
     /// 16-byte items, subgroups and one token per invocation; [`MatmulConfig::fit`] and
     /// [`MatmulConfig::for_w`] set it back to 1 elsewhere.
     pub rows_per_team: u32,
+    /// Teams that share a workgroup's rows (`KS`), each taking every KS-th stride of the rows'
+    /// items, their sums added in workgroup memory: more workgroups for a GEMV of few, long
+    /// rows. Only where `ROWS` can run (16-byte items, subgroups, one token an invocation);
+    /// [`MatmulConfig::fit`] and [`MatmulConfig::for_w`] set it back to 1 elsewhere.
+    pub k_split: u32,
     /// A GEMV whose X is a gated unit (`X_GLU`) computes it once per workgroup into workgroup
     /// memory (`GLU_WG`) where [`glu_prologue_fits`] allows.
     pub glu_prologue: bool,
@@ -165,6 +194,7 @@ impl MatmulConfig {
             x_vec4: false,
             w_vec4: false,
             rows_per_team: 1,
+            k_split: 1,
             glu_prologue: false,
             unroll: 4,
         }
@@ -197,6 +227,7 @@ impl MatmulConfig {
             x_vec4: false,
             w_vec4: false,
             rows_per_team: 1,
+            k_split: 1,
             glu_prologue: true,
             unroll: 4,
         }
@@ -246,8 +277,20 @@ impl MatmulConfig {
             } else {
                 (lanes(1), 1)
             };
+            // Teams sharing rows (KS) until the GEMV has about gemv_min_workgroups()
+            // workgroups, keeping 2 items a lane or more.
+            let teams = (wg / tpr) as u64;
+            let row_groups = rows.div_ceil(teams * nr as u64);
+            let mut ks = 1u64;
+            while ks < teams
+                && row_groups * ks < gemv_min_workgroups()
+                && items / (tpr as u64 * ks * 2) >= 2
+            {
+                ks *= 2;
+            }
             return Self {
                 rows_per_team: nr,
+                k_split: ks as u32,
                 ..Self::team(wg, tpr, 1)
             }
             .fit(ctx);
@@ -288,6 +331,10 @@ impl MatmulConfig {
         self.interleaved &= tpr > 1;
         self.unroll = self.unroll.clamp(1, 16);
         self.rows_per_team = self.rows_per_team.clamp(1, 8).next_power_of_two();
+        self.k_split = self
+            .k_split
+            .clamp(1, self.workgroup_size / tpr)
+            .next_power_of_two();
         self.subgroup &= tpr > 1
             && ctx.features.contains(wgpu::Features::SUBGROUP)
             && tpr <= ctx.adapter.subgroup_min_size
@@ -304,6 +351,7 @@ impl MatmulConfig {
         }
         if !(self.subgroup && self.interleaved && self.tokens_per_thread == 1) {
             self.rows_per_team = 1;
+            self.k_split = 1;
         }
         self
     }
@@ -322,13 +370,23 @@ impl MatmulConfig {
         self.w_vec4 = self.interleaved && w_vec4_items(ty, cols).is_some();
         if !self.w_vec4 {
             self.rows_per_team = 1;
+            self.k_split = 1;
         }
         self
     }
 
     /// Rows a workgroup covers: its teams times the rows of each.
     pub fn rows_per_workgroup(&self) -> u32 {
-        self.workgroup_size / self.threads_per_row * self.rows_per_team
+        self.workgroup_size / self.threads_per_row / self.k_split * self.rows_per_team
+    }
+
+    /// Whether this shape runs the `ROWS` kernel (several rows a team, or teams sharing rows).
+    fn rows_kernel(&self, ty: GgmlType) -> bool {
+        (self.rows_per_team > 1 || self.k_split > 1)
+            && self.w_vec4
+            && self.subgroup
+            && self.interleaved
+            && w_vec4_type(ty)
     }
 }
 
@@ -345,6 +403,9 @@ impl std::fmt::Display for MatmulConfig {
         }
         if self.rows_per_team > 1 {
             write!(f, " r{}", self.rows_per_team)?;
+        }
+        if self.k_split > 1 {
+            write!(f, " k{}", self.k_split)?;
         }
         for (on, name) in [
             (self.interleaved, "words"),
@@ -382,6 +443,8 @@ impl std::str::FromStr for MatmulConfig {
                 cfg.unroll = v;
             } else if let Some(v) = num("r") {
                 cfg.rows_per_team = v;
+            } else if let Some(v) = num("k") {
+                cfg.k_split = v;
             } else if part == "words" {
                 cfg.interleaved = true;
             } else if part == "sg" {
@@ -471,10 +534,13 @@ pub fn key(ty: GgmlType, cfg: MatmulConfig) -> Result<PipelineKey> {
     if cfg.interleaved {
         k = k.define("UNROLL", format!("{}u", cfg.unroll));
     }
-    if cfg.rows_per_team > 1 && cfg.w_vec4 && cfg.subgroup && cfg.interleaved && w_vec4_type(ty) {
+    if cfg.rows_kernel(ty) {
         k = k
             .define("ROWS", "")
             .define("NR", format!("{}u", cfg.rows_per_team));
+        if cfg.k_split > 1 {
+            k = k.define("KS", format!("{}u", cfg.k_split));
+        }
     }
     Ok(k)
 }
@@ -506,10 +572,11 @@ pub fn variants() -> Vec<Variant> {
         unroll: 8,
         ..MatmulConfig::team(256, 32, 1)
     });
-    for (tpr, nr) in [(8, 4), (32, 2), (16, 8)] {
+    for (tpr, nr, ks) in [(8, 4, 1), (32, 2, 1), (16, 8, 1), (32, 2, 4), (32, 1, 8), (8, 4, 2)] {
         shapes.push(MatmulConfig {
             w_vec4: true,
             rows_per_team: nr,
+            k_split: ks,
             ..MatmulConfig::team(256, tpr, 1)
         });
     }
@@ -863,8 +930,8 @@ pub fn glu_prologue_fits(ctx: &GpuContext, cfg: MatmulConfig, cols: u64, workgro
     } else {
         0
     };
-    cols * 4 + red <= ctx.limits.max_compute_workgroup_storage_size as u64
-        && workgroups * cols <= PRENORM_MAX_VALUES
+    cols * 4 + red + ks_bytes(cfg) <= ctx.limits.max_compute_workgroup_storage_size as u64
+        && workgroups * cols <= prenorm_max_values()
 }
 
 fn prepare_with(
@@ -900,6 +967,15 @@ pub struct PreAdd<'a> {
     pub out: &'a wgpu::Buffer,
 }
 
+/// Workgroup memory of the KS teams' sums (`ks_red` in `matmul.wgsl`), 0 without row sharing.
+fn ks_bytes(cfg: MatmulConfig) -> u64 {
+    if cfg.k_split > 1 {
+        (cfg.workgroup_size / cfg.threads_per_row * cfg.rows_per_team) as u64 * 4
+    } else {
+        0
+    }
+}
+
 /// Whether a decode GEMV of `w` in shape `cfg` can compute its X with a [`PreNorm`] on this
 /// device: `cols` a multiple of 4, and X plus the prologue's reduction (plus the team
 /// reduction's workgroup memory where there are no subgroups) within the workgroup storage, and
@@ -915,7 +991,7 @@ pub fn prenorm_fits(ctx: &GpuContext, cfg: MatmulConfig, cols: u64) -> bool {
     } else {
         0
     };
-    let bytes = cols * 4 + cfg.workgroup_size as u64 * 4 + red;
+    let bytes = cols * 4 + cfg.workgroup_size as u64 * 4 + red + ks_bytes(cfg);
     bytes <= ctx.limits.max_compute_workgroup_storage_size as u64
         && ctx.limits.max_storage_buffers_per_shader_stage >= 7
 }
@@ -926,6 +1002,11 @@ pub fn prenorm_fits(ctx: &GpuContext, cfg: MatmulConfig, cols: u64) -> bool {
 /// values, 0.33 M) ran 681 -> 744 tok/s with their norms folded in; Llama 3 8B's (768 x 4096
 /// for q/k/v, 3584 x 4096 for gate/up: 3.1 M and 14.7 M) 148 -> 125.
 pub const PRENORM_MAX_VALUES: u64 = 1 << 20;
+
+/// [`PRENORM_MAX_VALUES`], or on native builds `CERA_PRENORM_MAX` when set (a bench knob).
+pub fn prenorm_max_values() -> u64 {
+    env_u64("CERA_PRENORM_MAX").unwrap_or(PRENORM_MAX_VALUES)
+}
 
 /// Whether a decode GEMV of `w` in the engine's shape should compute its X with a [`PreNorm`]:
 /// it fits ([`prenorm_fits`]) and its workgroups read at most [`PRENORM_MAX_VALUES`] values.
@@ -938,7 +1019,7 @@ pub fn prenorm_worth(ctx: &GpuContext, w: &GpuTensor) -> bool {
         .iter()
         .map(|p| p.rows.div_ceil(cfg.rows_per_workgroup() as u64))
         .sum();
-    prenorm_fits(ctx, cfg, w.cols) && workgroups * w.cols <= PRENORM_MAX_VALUES
+    prenorm_fits(ctx, cfg, w.cols) && workgroups * w.cols <= prenorm_max_values()
 }
 
 /// `y[r] = sum_c W[r, c] * X[c]` for one token with X computed by `pre` (see [`PreNorm`]), into
@@ -1073,7 +1154,7 @@ fn prepare_full(
     };
     let pipe = ctx.pipeline(&key)?;
     let wg = pipe.decisions.workgroup_size;
-    let rpw = wg / key_u32(&pipe.key, "TPR") * key_u32(&pipe.key, "NR");
+    let rpw = wg / key_u32(&pipe.key, "TPR") / key_u32(&pipe.key, "KS") * key_u32(&pipe.key, "NR");
     let nt = key_u32(&pipe.key, "NT");
     let too_big = |what: &str, v: u64| {
         Error::invalid(format!(
