@@ -54,6 +54,11 @@ pub struct BenchReport {
     /// one before (chained) and each independent: the floor under a forward's dispatch count.
     pub dispatch_floor_chained_us: Option<f64>,
     pub dispatch_floor_independent_us: Option<f64>,
+    /// With `--profile`: the same for one prefill chunk of the prompt's length (at most the
+    /// workspace's batch), fed again at the position after the bench.
+    pub prefill_profile: Option<Vec<crate::gpu::profile::KindTime>>,
+    pub prefill_profile_total_us: Option<f64>,
+    pub prefill_profile_dispatches: Option<Vec<crate::gpu::profile::DispatchTime>>,
 }
 
 const TEXT: &str =
@@ -140,6 +145,15 @@ pub async fn run(
     } else {
         (None, None)
     };
+    let (prefill_profile, prefill_profile_dispatches) = if profile.is_some() {
+        let (kinds, each) = session.profile_batch(prompt.len() as u32).await?;
+        (Some(kinds), Some(each))
+    } else {
+        (None, None)
+    };
+    let prefill_profile_total_us = prefill_profile
+        .as_ref()
+        .map(|p| p.iter().map(|k| k.us).sum());
     let profile_total_us = profile.as_ref().map(|p| p.iter().map(|k| k.us).sum());
     let floor = if profile.is_some() {
         crate::ops::matmul_bench::dispatch_floor_us(ctx, 256).await?
@@ -178,6 +192,9 @@ pub async fn run(
         profile_dispatches,
         dispatch_floor_chained_us: floor.map(|f| f.0),
         dispatch_floor_independent_us: floor.map(|f| f.1),
+        prefill_profile,
+        prefill_profile_total_us,
+        prefill_profile_dispatches,
     })
 }
 

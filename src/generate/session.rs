@@ -371,14 +371,30 @@ impl Session {
         Vec<crate::gpu::profile::KindTime>,
         Vec<crate::gpu::profile::DispatchTime>,
     )> {
+        self.profile_batch(1).await
+    }
+
+    /// [`Session::profile_decode`] for a batch of `n` tokens (a prefill chunk, at most the
+    /// workspace's batch): the last token fed, `n` times, at the current position, without
+    /// keeping their cells.
+    pub async fn profile_batch(
+        &mut self,
+        n: u32,
+    ) -> Result<(
+        Vec<crate::gpu::profile::KindTime>,
+        Vec<crate::gpu::profile::DispatchTime>,
+    )> {
         let last = *self
             .tokens
             .last()
             .ok_or_else(|| Error::invalid("profile: feed tokens first"))?;
-        self.ensure_room(1)?;
+        let n = n.clamp(1, self.ws.max_batch);
+        self.ensure_room(n)?;
         let pos0 = self.kv.n_past();
-        let i = self.plan_for(1, pos0 + 1)?;
-        self.ws.step.write(&self.ctx, pos0, &[last]);
+        let i = self.plan_for(n, pos0 + n)?;
+        self.ws
+            .step
+            .write(&self.ctx, pos0, &vec![last; n as usize]);
         let prepared = self.plans[i].prepared();
         let us = crate::gpu::profile::time_dispatches(&self.ctx, prepared).await?;
         // The timed pass advanced the recurrent states by a token the cache does not keep.
