@@ -255,12 +255,17 @@ impl MatmulConfig {
     /// - latency-bound shapes (Gemma 3 270M's, Llama 3 8B's k/v) want the most lanes, one item
     ///   each or more, and one row a team (8B k/v Q8_0: 32 lanes 6.4, with 2 rows 7.2, 16 lanes
     ///   9.6);
-    /// - Q8_0 with 2048 rows or more gains from 2 rows a team (8B q 12.5 -> 9.8, down 37.4 ->
-    ///   34.8), and with 16384 or more from 4, with about 8 items a lane (8B gate/up 41.1 ->
-    ///   24.3 at 32 lanes; the 8B head 283 -> 144 at 32 lanes; the 270M head, 40 items a row,
-    ///   122 -> 58 at 8 lanes);
-    /// - Q4_K/Q5_K spend more on decoding than on X: 4 rows a team pay only on output heads
-    ///   (8B head 285 -> 234-244), and cost elsewhere (8B down 37.2 -> 50.0).
+    /// - Q8_0 with 16384 rows or more gains from 4 rows a team, with about 8 items a lane (8B
+    ///   gate/up 41.1 -> 24.3 at 32 lanes; the 8B head 283 -> 144 at 32 lanes; the 270M head, 40
+    ///   items a row, 122 -> 58 at 8 lanes);
+    /// - with fewer rows, 4 rows a team pay too once teams share rows (`KS`) to keep the
+    ///   workgroups (a later sweep, us): 8B q/o Q8_0 9.8 (2 rows) -> 8.2 (4 rows, 2 teams a row
+    ///   group), down 34.7 -> 23.9 (4 rows, 4 teams), k/v (1024 rows) 7.2 -> 4.8 (2 rows, 4
+    ///   teams); Q4_K gate/up 36.5 -> 32.3, down 37.0 -> 33.3, q/o 12.9 -> 12.6;
+    /// - teams share rows while the GEMV has fewer than [`gemv_min_workgroups`] workgroups and
+    ///   each lane keeps 64 values or more of a row (Gemma 3 270M's 640- and 2048-value rows
+    ///   never split).
+    /// Measured in decode, Llama 3 8B Q8_0: 180.0 -> 196.6 tok/s.
     pub fn gemv_for(ctx: &GpuContext, ty: GgmlType, rows: u64, cols: u64) -> Self {
         if is_cpu_adapter(ctx) {
             return Self::simple(1);
@@ -272,19 +277,21 @@ impl MatmulConfig {
             let q8 = ty == GgmlType::Q8_0;
             let (tpr, nr) = if rows >= 65536 || (q8 && rows >= 16384) {
                 (lanes(8), 4)
-            } else if q8 && rows >= 2048 {
+            } else if rows >= 2048 {
+                (lanes(1), 4)
+            } else if q8 && rows >= 1024 {
                 (lanes(1), 2)
             } else {
                 (lanes(1), 1)
             };
-            // Teams sharing rows (KS) until the GEMV has about gemv_min_workgroups()
-            // workgroups, keeping 2 items a lane or more.
+            // Teams sharing rows (KS) until the GEMV has gemv_min_workgroups() workgroups,
+            // keeping 64 values of a row or more a lane.
             let teams = (wg / tpr) as u64;
             let row_groups = rows.div_ceil(teams * nr as u64);
             let mut ks = 1u64;
             while ks < teams
                 && row_groups * ks < gemv_min_workgroups()
-                && items / (tpr as u64 * ks * 2) >= 2
+                && cols / (tpr as u64 * ks * 2) >= 64
             {
                 ks *= 2;
             }
