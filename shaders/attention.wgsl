@@ -20,6 +20,15 @@
 //     dims j (as vec2) over cells g, g + G, ... (G = WG_SIZE / (head_dim / 2) groups). The G
 //     partial sums are added once at the end. Two barriers per chunk of WG_SIZE cells.
 //     Needs WG_SIZE >= head_dim / 2 (the host checks).
+//   TILED (prefill): one workgroup per block of BQ query tokens and one head, WG_SIZE = BQ * BC.
+//     The block's cells are walked in tiles of BC: the tile's K rows are copied to workgroup
+//     memory, thread (i, c) scores query i against cell c, then the V rows replace the K rows
+//     and the BC threads of query i rescale its running sums and add its BC weighted V rows for
+//     HD2 / BC vec2 dims each. So each K and V row is read from memory once per BQ queries
+//     instead of once per query (with COOP a 4000-token prefill read every row 4000 times).
+//     HD2 = head_dim / 2 exactly (the host compiles one shape per head size). The K/V tile's
+//     rows are HD2 + 1 vec2 apart so that the BC threads scoring one query against BC cells do
+//     not all read one memory bank.
 //   without COOP: one invocation per (t, h) pair, WG_SIZE pairs per workgroup, no barrier at all
 //     (the variant for CPU-emulated adapters, where a barrier is costly). Scores of SCHUNK cells
 //     are kept in a private array.
@@ -62,6 +71,13 @@ struct AttentionParams {
 // inf - inf NaN can arise.
 const NEG_BIG: f32 = -1e30;
 
+#ifdef TILED
+const KV_STRIDE: u32 = HD2 + 1u; // vec2 between rows of the K/V tile (see TILED above)
+const OPT: u32 = HD2 / BC;       // vec2 dims per thread in the V sum (the host makes BC divide HD2)
+var<workgroup> qt: array<vec2<f32>, BQ * HD2>;       // (BQ, HD2) the block's queries
+var<workgroup> kvt: array<vec2<f32>, BC * KV_STRIDE>; // (BC, HD2 + 1) K rows, then V rows
+var<workgroup> st: array<f32, BQ * BC>;              // (BQ, BC) the tile's scores
+#else
 #ifdef COOP
 var<workgroup> qv: array<vec2<f32>, HD2_MAX>;   // this pair's query
 var<workgroup> sc: array<vec4<f32>, WG_SIZE / 4u>; // scores of the chunk, four per entry
@@ -73,7 +89,9 @@ var<private> qv: array<vec2<f32>, HD2_MAX>;
 var<private> acc: array<vec2<f32>, HD2_MAX>;
 var<private> sc: array<f32, SCHUNK>;
 #endif
+#endif
 
+#ifndef TILED
 // The logit of cell `c` for kv head `kvh`, from the query in `qv`. Unrolled by four vec2: see
 // LOOP_NOTE below.
 fn score(c: u32, kvh: u32, hd2: u32) -> f32 {
@@ -87,11 +105,16 @@ fn score(c: u32, kvh: u32, hd2: u32) -> f32 {
     for (; j < hd2; j++) {
         d += dot(qv[j], k_cache[kb + j]);
     }
-    var s = d * p.scale;
+    return cap(d * p.scale);
+}
+#endif
+
+// The soft cap of a scaled logit (none when softcap is 0).
+fn cap(s: f32) -> f32 {
     if p.softcap > 0.0 {
         // The clamp keeps tanh away from exp overflow in implementations that build it from exp;
         // tanh(15) is 1 in f32 already.
-        s = p.softcap * tanh(clamp(s / p.softcap, -15.0, 15.0));
+        return p.softcap * tanh(clamp(s / p.softcap, -15.0, 15.0));
     }
     return s;
 }
@@ -104,6 +127,120 @@ fn first_cell(pos: u32) -> u32 {
     return 0u;
 }
 
+#ifdef TILED
+@compute @workgroup_size(WG_SIZE)
+fn attention(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    // Workgroup g takes query block g / n_head of head g % n_head. Everything the barriers
+    // depend on is uniform across the workgroup.
+    let g = get_wid(wid, nwg);
+    let n_blocks = (p.n_tokens + BQ - 1u) / BQ;
+    if g >= n_blocks * p.n_head {
+        return;
+    }
+    let h = g % p.n_head;
+    let t0 = (g / p.n_head) * BQ;
+    let nq = min(BQ, p.n_tokens - t0);
+    let kvh = h / (p.n_head / p.n_kv_head);
+    let pos_first = step.pos0 + p.pos0 + t0;
+    let lo = first_cell(pos_first);
+    let hi = pos_first + nq; // exclusive: one past the last query's own cell
+    for (var i = lid; i < BQ * HD2; i += WG_SIZE) {
+        let qi = i / HD2;
+        var v = vec2<f32>(0.0);
+        if qi < nq {
+            v = q[p.q_offset / 2u + ((t0 + qi) * p.n_head + h) * HD2 + i % HD2];
+        }
+        qt[i] = v;
+    }
+    // Scoring: thread (sq, sc) = query sq, cell sc of the tile.
+    let sq = lid / BC;
+    let scell = lid % BC;
+    let s_pos = pos_first + sq;
+    let s_lo = first_cell(s_pos);
+    // Summing: the same split, read as (query oq, lane ol), dims ol + BC * k.
+    let oq = sq;
+    let ol = scell;
+    var o: array<vec2<f32>, OPT>;
+    for (var k = 0u; k < OPT; k++) {
+        o[k] = vec2<f32>(0.0);
+    }
+    var m = NEG_BIG;
+    var l = 0.0;
+    let row = p.n_kv_head * HD2; // vec2 between one cell's K (or V) row and the next
+    for (var c0 = lo; c0 < hi; c0 += BC) {
+        let n = min(BC, hi - c0);
+        workgroupBarrier(); // the last tile's V rows and scores are read
+        for (var i = lid; i < BC * HD2; i += WG_SIZE) {
+            let ci = i / HD2;
+            var v = vec2<f32>(0.0);
+            if ci < n {
+                v = k_cache[(c0 + ci) * row + kvh * HD2 + i % HD2];
+            }
+            kvt[ci * KV_STRIDE + i % HD2] = v;
+        }
+        workgroupBarrier();
+        let c = c0 + scell;
+        var s = NEG_BIG;
+        if sq < nq && scell < n && c >= s_lo && c <= s_pos {
+            let qb = sq * HD2;
+            let kb = scell * KV_STRIDE;
+            var d = 0.0;
+            var j = 0u;
+            for (; j + 4u <= HD2; j += 4u) {
+                d += dot(qt[qb + j], kvt[kb + j]) + dot(qt[qb + j + 1u], kvt[kb + j + 1u])
+                    + dot(qt[qb + j + 2u], kvt[kb + j + 2u]) + dot(qt[qb + j + 3u], kvt[kb + j + 3u]);
+            }
+            for (; j < HD2; j++) {
+                d += dot(qt[qb + j], kvt[kb + j]);
+            }
+            s = cap(d * p.scale);
+        }
+        st[lid] = s;
+        workgroupBarrier(); // scores written, K rows read
+        for (var i = lid; i < BC * HD2; i += WG_SIZE) {
+            let ci = i / HD2;
+            var v = vec2<f32>(0.0);
+            if ci < n {
+                v = v_cache[(c0 + ci) * row + kvh * HD2 + i % HD2];
+            }
+            kvt[ci * KV_STRIDE + i % HD2] = v;
+        }
+        workgroupBarrier();
+        // Query oq's running max, sum and V sum; a masked cell (score NEG_BIG) weighs 0 even
+        // while every cell so far was masked (m still NEG_BIG).
+        var mc = m;
+        for (var i = 0u; i < BC; i++) {
+            mc = max(mc, st[oq * BC + i]);
+        }
+        let f = exp(m - mc);
+        l *= f;
+        for (var k = 0u; k < OPT; k++) {
+            o[k] *= f;
+        }
+        for (var i = 0u; i < BC; i++) {
+            let si = st[oq * BC + i];
+            let w = select(0.0, exp(si - mc), si > 0.5 * NEG_BIG);
+            l += w;
+            let vb = i * KV_STRIDE + ol;
+            for (var k = 0u; k < OPT; k++) {
+                o[k] += w * kvt[vb + k * BC];
+            }
+        }
+        m = mc;
+    }
+    if oq < nq {
+        let ob = p.out_offset / 2u + ((t0 + oq) * p.n_head + h) * HD2 + ol;
+        let inv = 1.0 / l;
+        for (var k = 0u; k < OPT; k++) {
+            out[ob + k * BC] = o[k] * inv;
+        }
+    }
+}
+#else
 #ifdef COOP
 @compute @workgroup_size(WG_SIZE)
 fn attention(
@@ -247,4 +384,5 @@ fn attention(
         out[ob + j] = acc[j] * inv;
     }
 }
+#endif
 #endif

@@ -22,10 +22,16 @@ const ATOL: f32 = 1e-5;
 /// Cells past the last token's position hold this: a kernel reading them would show it.
 const POISON: f32 = 1e3;
 
-const SHAPES: [AttentionConfig; 3] = [
+const SHAPES: [AttentionConfig; 6] = [
     AttentionConfig::simple(),
     AttentionConfig::cooperative(128),
     AttentionConfig::cooperative(256),
+    // Blocks of queries (batches only; one token runs the cooperative shape): the engine's
+    // choice, and smaller tiles, so that blocks with fewer real queries than the tile and tiles
+    // with masked cells on both ends are exercised.
+    AttentionConfig::tiled(16, 16),
+    AttentionConfig::tiled(4, 16),
+    AttentionConfig::tiled(4, 8),
 ];
 
 fn now_ms() -> f64 {
@@ -90,11 +96,14 @@ async fn check(ctx: &GpuContext, name: &str, shapes: &[AttentionConfig], p: Atte
             }
         }
         let ran = cfg.fit(ctx, &p);
-        let shape = format!(
-            "{} wg {}",
-            if ran.cooperative { "coop" } else { "simple" },
-            ran.workgroup_size
-        );
+        let shape = match ran.tile {
+            Some((bq, bc)) => format!("tiled {bq}x{bc}"),
+            None => format!(
+                "{} wg {}",
+                if ran.cooperative { "coop" } else { "simple" },
+                ran.workgroup_size
+            ),
+        };
         tlog!("{name} {shape}: worst |err| {:.2e}", worst.0);
         if worst.0 > ATOL {
             let i = worst.1;
