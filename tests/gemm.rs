@@ -45,7 +45,7 @@ fn tolerance(ty: GgmlType) -> f64 {
 }
 
 /// Every standard tile (8 x 8, 8 x 4 and 4 x 4 per thread), one with 4 x 8, one with BK 32 and
-/// 8 x 4, and a tiny one (8 threads) so that small shapes still span several tiles; those the
+/// 8 x 4, the 64-row tiles with BK 64 (`GemmConfig::deeper`), and a tiny one (8 threads) so that small shapes still span several tiles; those the
 /// device cannot build are skipped.
 fn tiles(ctx: &GpuContext) -> Vec<GemmConfig> {
     let all = [
@@ -54,6 +54,8 @@ fn tiles(ctx: &GpuContext) -> Vec<GemmConfig> {
         GemmConfig::TILE_64X64,
         GemmConfig::TILE_64X32,
         GemmConfig::TILE_64X64_BK16,
+        GemmConfig::new(64, 32, 64, 4, 4),
+        GemmConfig::new(64, 64, 64, 4, 4),
         GemmConfig::CPU,
         GemmConfig::new(128, 64, 32, 8, 4),
         GemmConfig::new(64, 128, 16, 4, 8),

@@ -392,9 +392,7 @@ impl Session {
         self.ensure_room(n)?;
         let pos0 = self.kv.n_past();
         let i = self.plan_for(n, pos0 + n)?;
-        self.ws
-            .step
-            .write(&self.ctx, pos0, &vec![last; n as usize]);
+        self.ws.step.write(&self.ctx, pos0, &vec![last; n as usize]);
         let prepared = self.plans[i].prepared();
         let us = crate::gpu::profile::time_dispatches(&self.ctx, prepared).await?;
         // The timed pass advanced the recurrent states by a token the cache does not keep.

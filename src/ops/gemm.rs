@@ -157,7 +157,34 @@ impl GemmConfig {
     ///
     /// Q4_K at 512 tokens is within 10 % of Q8_0 (14,459 with 128x128 on 4096 x 4096; matmul's
     /// register kernel 1,941).
+    ///
+    /// Where the workgroup memory allows, the 64-row tiles walk K in steps of 64
+    /// ([`Self::deeper`]): half the steps, each a barrier pair and a memory round trip, which
+    /// bound the small matrices (Gemma 3 270M's q projection, 1024 x 640 at 256 tokens: 73 ->
+    /// 68 us on an H200).
     pub fn for_shape(ctx: &GpuContext, rows: u64, n_tokens: u32) -> Self {
+        Self::for_shape_base(ctx, rows, n_tokens).deeper(ctx)
+    }
+
+    /// This tile with BK 64 instead of 32 for the 64-row tiles, where the device allows it
+    /// (and, on native builds, unless `CERA_GEMM_BK64=0`: a bench knob).
+    pub fn deeper(self, ctx: &GpuContext) -> Self {
+        #[cfg(not(target_arch = "wasm32"))]
+        if std::env::var("CERA_GEMM_BK64").is_ok_and(|v| v == "0") {
+            return self;
+        }
+        if self.bm != 64 || self.bk != 32 {
+            return self;
+        }
+        let d = GemmConfig { bk: 64, ..self };
+        if d.check(&ctx.limits).is_ok() {
+            d
+        } else {
+            self
+        }
+    }
+
+    fn for_shape_base(ctx: &GpuContext, rows: u64, n_tokens: u32) -> Self {
         if matmul::is_cpu_adapter(ctx) {
             return Self::CPU;
         }
@@ -329,6 +356,8 @@ pub fn variants() -> Vec<Variant> {
         GemmConfig::TILE_64X64,
         GemmConfig::TILE_64X32,
         GemmConfig::TILE_64X64_BK16,
+        GemmConfig::new(64, 32, 64, 4, 4),
+        GemmConfig::new(64, 64, 64, 4, 4),
         GemmConfig::CPU,
         GemmConfig::new(128, 64, 32, 8, 4),
         GemmConfig::new(64, 128, 16, 4, 8),

@@ -579,7 +579,14 @@ pub fn variants() -> Vec<Variant> {
         unroll: 8,
         ..MatmulConfig::team(256, 32, 1)
     });
-    for (tpr, nr, ks) in [(8, 4, 1), (32, 2, 1), (16, 8, 1), (32, 2, 4), (32, 1, 8), (8, 4, 2)] {
+    for (tpr, nr, ks) in [
+        (8, 4, 1),
+        (32, 2, 1),
+        (16, 8, 1),
+        (32, 2, 4),
+        (32, 1, 8),
+        (8, 4, 2),
+    ] {
         shapes.push(MatmulConfig {
             w_vec4: true,
             rows_per_team: nr,

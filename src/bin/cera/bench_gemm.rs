@@ -140,10 +140,22 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
             (2e10 / flops).clamp(3.0, 1000.0) as u32
         };
         for k in &kernels {
-            let gflops = pollster::block_on(gemm::bench_kernel(ctx, *k, ty, *r, *c, n_tokens, n))?;
             let kernel = match k {
                 Kernel::Tiled(t) => format!("gemm {t}"),
                 Kernel::Registers(m) => format!("matmul {m:?}"),
+            };
+            // A tile this device cannot build is reported and the sweep goes on.
+            let gflops = match pollster::block_on(gemm::bench_kernel(
+                ctx, *k, ty, *r, *c, n_tokens, n,
+            )) {
+                Ok(g) => g,
+                Err(e) => {
+                    println!(
+                            "{{\"shape\": \"{name}\", \"type\": \"{ty}\", \"kernel\": \"{kernel}\", \"error\": {:?}}}",
+                            e.to_string()
+                        );
+                    continue;
+                }
             };
             println!(
                 "{{\"shape\": \"{name}\", \"type\": \"{ty}\", \"rows\": {r}, \"cols\": {c}, \"tokens\": {n_tokens}, \"iters\": {n}, \
