@@ -84,6 +84,10 @@ pub struct GenerateOptions {
     pub sampler: SamplerParams,
     /// Structured output: every token is masked to what this grammar allows next.
     pub constraint: Option<ConstraintSpec>,
+    /// Control tokens streamed as their text instead of as nothing: a tool call's markers where
+    /// the vocabulary makes them control tokens (LFM2's `<|tool_call_start|>`), so the text
+    /// shows where a call begins and ends.
+    pub shown_control: Vec<u32>,
 }
 
 /// Owns shared handles (`Arc`) so a JS class can hold one without borrowing.
@@ -392,9 +396,7 @@ impl Session {
         self.ensure_room(n)?;
         let pos0 = self.kv.n_past();
         let i = self.plan_for(n, pos0 + n)?;
-        self.ws
-            .step
-            .write(&self.ctx, pos0, &vec![last; n as usize]);
+        self.ws.step.write(&self.ctx, pos0, &vec![last; n as usize]);
         let prepared = self.plans[i].prepared();
         let us = crate::gpu::profile::time_dispatches(&self.ctx, prepared).await?;
         // The timed pass advanced the recurrent states by a token the cache does not keep.
@@ -691,7 +693,7 @@ impl Session {
                 Some("stop")
             } else {
                 stats.generated_tokens += 1;
-                let piece = detok.push(id);
+                let piece = detok.push_with(id, opts.shown_control.contains(&id));
                 let (text, hit) = stop.push(&piece);
                 if !on_token(Some(id), &text) {
                     Some("aborted")

@@ -137,6 +137,7 @@ impl GenOptions {
                 penalty_last_n: self.penalty_last_n.unwrap_or(d.penalty_last_n),
                 seed: self.seed.unwrap_or(d.seed),
             },
+            shown_control: Vec::new(),
         })
     }
 }
@@ -872,6 +873,13 @@ async fn generate(
                         ));
                     }
                     gopts.constraint = Some(spec);
+                    // Markers that are control tokens show as text, for the parse and the stream.
+                    gopts.shown_control = syntax
+                        .markers()
+                        .iter()
+                        .filter(|m| special(m))
+                        .filter_map(|m| tok.token_id(m))
+                        .collect();
                     parse_with = Some(syntax);
                 }
             }
