@@ -117,11 +117,16 @@ export interface GenerateOptions extends SamplingOptions {
   /**
    * Chat only: tools the model may call, rendered by its chat template. While a call is
    * generated its arguments are held to the tool's JSON Schema; the calls come back parsed in
-   * `stats.toolCalls` (`finishReason: 'tool_calls'`). Not together with `responseFormat` /
+   * `stats.toolCalls` (`finishReason: 'tool_calls'`) and the text before them in
+   * `stats.content`. The streamed text shows the calls in the model's syntax, markers that are
+   * control tokens (LFM2's `<|tool_call_start|>`) included. Not together with `responseFormat` /
    * `grammar` unless `toolChoice` is `'none'`.
    */
   tools?: ToolDefinition[];
-  /** `'auto'` (default: text or calls), `'required'` (calls only), `'none'`, or one named function. */
+  /**
+   * `'auto'` (default: text, optionally followed by calls), `'required'` (calls only), `'none'`,
+   * or one named function.
+   */
   toolChoice?: ToolChoice;
 }
 
@@ -183,7 +188,7 @@ export interface GenerationStats {
   maskMsPerToken: number;
   /** With `tools`: the calls in the answer (empty when it is plain text). */
   toolCalls?: ParsedToolCall[];
-  /** With `tools`: the answer's text outside its calls. */
+  /** With `tools`: the answer's text before its calls (all of it when there are none). */
   content?: string;
 }
 
