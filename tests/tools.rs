@@ -360,3 +360,34 @@ fn auto_text_then_calls_with_control_markers() {
         assert!(!c.allows(ids[0]), "{syntax:?}");
     }
 }
+
+/// Qwen's own vocabulary, where `<tool_call>` is one (user-defined, text) token: the lead ends
+/// at that token and the call after it is held to the schema.
+#[test]
+fn auto_text_then_call_with_qwen_vocabulary() {
+    use cera_web::gguf::parse_bytes;
+    let (h, _) = parse_bytes(include_bytes!("fixtures/tokenizer/qwen2.gguf")).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(&h).unwrap());
+    let env = ConstraintEnv::new(&tok).unwrap();
+    let marker = tok.token_id("<tool_call>").unwrap();
+    assert!(!tok.is_control(marker) && !tok.token_bytes(marker).is_empty());
+    let special = |s: &str| {
+        tok.token_id(s)
+            .is_some_and(|id| tok.token_bytes(id).is_empty())
+    };
+    let syntax = ToolSyntax::Hermes;
+    let compile = |choice: &ToolChoice| {
+        let spec = syntax.grammar(&tools(), choice, &special).unwrap().unwrap();
+        Constraint::new(&env, &spec).unwrap()
+    };
+    let answer = format!("{LEAD}<tool_call>\n{{\"name\": \"add\", \"arguments\": {{\"a\": 1, \"b\": 2}}}}\n</tool_call>");
+    assert!(tok.encode(&answer, false, false).contains(&marker));
+    walk(&tok, &env, &mut compile(&ToolChoice::Auto), &answer).unwrap();
+    let (content, calls) = syntax.parse(&answer);
+    assert_eq!(content, LEAD.trim());
+    assert_eq!(calls[0].name, "add");
+    assert_eq!(calls[0].arguments, json!({"a": 1, "b": 2}));
+    let bad = format!("{LEAD}<tool_call>\n{{\"name\": \"add\", \"arguments\": {{\"a\": true");
+    let e = walk(&tok, &env, &mut compile(&ToolChoice::Auto), &bad).unwrap_err();
+    assert!(e.contains("refused"), "{e}");
+}
