@@ -7,8 +7,9 @@
 //! - [`ToolSyntax::Llama3`] (Llama 3.1+ JSON tool calling): the whole answer is
 //!   `{"name": "f", "parameters": {..}}`; after `<|python_tag|>` a call may also follow text.
 //! - [`ToolSyntax::Lfm2`] (LFM2): `<|tool_call_start|>[f(a="x", b=1)]<|tool_call_end|>`, a
-//!   Python-style call list. The markers are control tokens, which render as no text, so the
-//!   parser also takes the bare list.
+//!   Python-style call list. The markers are control tokens, which render as no text: with tools
+//!   generation shows them as text ([`ToolSyntax::markers`]), and the parser also takes the bare
+//!   list.
 //! - [`ToolSyntax::Fenced`] (the Gemma built-in: Gemma 3's template defines no tool syntax): a
 //!   fenced JSON block, `` ```tool_call\n{"name": "f", "arguments": {..}}\n``` ``.
 //!
