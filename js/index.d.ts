@@ -216,6 +216,24 @@ export interface TokenizeOptions {
   parseSpecial?: boolean;
 }
 
+/**
+ * `detokenize` options, those of llama.cpp's `llama_detokenize`. All false by default: the text
+ * is the pieces as generation streams them, put together.
+ */
+export interface DetokenizeOptions {
+  /** Drop a leading BOS and a trailing EOS where the vocabulary adds them. */
+  removeSpecial?: boolean;
+  /** Render control tokens (`<|im_end|>`) as their text. */
+  unparseSpecial?: boolean;
+  /**
+   * Clean up the text as `llama_detokenize` does for a whole sequence (lossy): a SentencePiece
+   * vocabulary that adds a space prefix takes it off the first token; a byte-level BPE one
+   * (except the Qwen 2 / 3 / 3.5 and GPT-4o families) drops the space before `? ! . ,`, around
+   * a lone `'` and before `'s 'm 're 've`, like Hugging Face's `clean_up_tokenization_spaces`.
+   */
+  cleanUp?: boolean;
+}
+
 export interface GpuLimitsInfo {
   maxStorageBufferBindingSize: number;
   maxBufferSize: number;
@@ -411,7 +429,7 @@ export class Engine implements OpenAICompatible {
   readonly models: OpenAIModels;
   fetch(input: string | URL | Request, init?: RequestInit): Promise<Response>;
   tokenize(text: string, options?: TokenizeOptions): number[];
-  detokenize(ids: ArrayLike<number>): string;
+  detokenize(ids: ArrayLike<number>, options?: DetokenizeOptions): string;
   shiftContext(nKeep: number, nDiscard: number): void;
   reset(): void;
   info(): EngineInfo;
@@ -438,7 +456,7 @@ export class WorkerEngine implements OpenAICompatible {
   readonly models: OpenAIModels;
   fetch(input: string | URL | Request, init?: RequestInit): Promise<Response>;
   tokenize(text: string, options?: TokenizeOptions): Promise<number[]>;
-  detokenize(ids: ArrayLike<number>): Promise<string>;
+  detokenize(ids: ArrayLike<number>, options?: DetokenizeOptions): Promise<string>;
   shiftContext(nKeep: number, nDiscard: number): Promise<void>;
   reset(): Promise<void>;
   info(): Promise<EngineInfo>;

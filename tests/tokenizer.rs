@@ -515,3 +515,106 @@ mod gemma {
         assert!(tok.is_eog(tok.token_id("<end_of_turn>").unwrap()));
     }
 }
+
+#[derive(Deserialize)]
+struct DetokFixture {
+    vocabularies: Vec<DetokVocab>,
+}
+
+#[derive(Deserialize)]
+struct DetokVocab {
+    name: String,
+    gguf: String,
+    cases: Vec<DetokCase>,
+}
+
+#[derive(Deserialize)]
+struct DetokCase {
+    text: String,
+    ids: Vec<u32>,
+    /// "remove{0,1}_unparse{0,1}" -> llama_detokenize's bytes, hex
+    detokenized: HashMap<String, String>,
+}
+
+/// `detokenize` with `clean_up` is llama.cpp's `llama_detokenize` (fixtures from
+/// scripts/oracle/detokenize_fixtures.py), for every combination of remove_special and
+/// unparse_special: Llama 3's vocabulary (pre-tokenizer llama-bpe) has the space clean-up, Qwen's
+/// (qwen2) has not. Without `clean_up` it is the pieces put together, what generation streams.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn detokenize_matches_llama_cpp() {
+    use cera_web::tokenizer::DetokenizeOptions;
+    let fx: DetokFixture =
+        serde_json::from_str(include_str!("fixtures/tokenizer/detokenize.json")).unwrap();
+    assert_eq!(fx.vocabularies.len(), 2);
+    for v in &fx.vocabularies {
+        let bytes = match v.gguf.as_str() {
+            "llama3.gguf" => LLAMA3_GGUF,
+            "qwen2.gguf" => QWEN2_GGUF,
+            other => panic!("no vocabulary {other}"),
+        };
+        let tok = Tokenizer::from_gguf(&header(bytes)).unwrap();
+        let mut cleaned = 0;
+        for c in &v.cases {
+            for remove_special in [false, true] {
+                for unparse_special in [false, true] {
+                    let key = format!(
+                        "remove{}_unparse{}",
+                        remove_special as u8, unparse_special as u8
+                    );
+                    let o = DetokenizeOptions {
+                        remove_special,
+                        unparse_special,
+                        clean_up: true,
+                    };
+                    let got = tok.detokenize(&c.ids, o);
+                    assert_eq!(
+                        hex(got.as_bytes()),
+                        c.detokenized[&key],
+                        "{} {key} {:?}: got {got:?}",
+                        v.name,
+                        c.text
+                    );
+                }
+            }
+            let pieces = tok.detokenize(&c.ids, DetokenizeOptions::default());
+            assert_eq!(pieces, tok.decode(&c.ids), "{} {:?}", v.name, c.text);
+            if hex(pieces.as_bytes()) != c.detokenized["remove0_unparse0"] {
+                cleaned += 1;
+            }
+        }
+        common_log(&format!(
+            "{}: {} texts x 4 match llama_detokenize; clean-up changed {cleaned}",
+            v.name,
+            v.cases.len()
+        ));
+        match v.name.as_str() {
+            "llama3" => assert!(cleaned >= 10, "llama3: only {cleaned} texts cleaned up"),
+            _ => assert_eq!(cleaned, 0, "{}: no clean-up expected", v.name),
+        }
+    }
+}
+
+/// llama.cpp's clean-up rules one by one, on Llama 3's vocabulary: what goes, what stays.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn detokenize_clean_up_rules() {
+    use cera_web::tokenizer::DetokenizeOptions;
+    let tok = Tokenizer::from_gguf(&header(LLAMA3_GGUF)).unwrap();
+    let clean = DetokenizeOptions {
+        clean_up: true,
+        ..Default::default()
+    };
+    for (text, want) in [
+        ("Hi , you ! Ok ? Yes .", "Hi, you! Ok? Yes."),
+        ("rock ' n ' roll", "rock'n'roll"),
+        ("it 's I 'm we 're they 've", "it's I'm we're they've"),
+        ("don 't I 'd we 'll", "don 't I 'd we 'll"),
+        ("a ? b : c", "a? b : c"),
+        ("no change here", "no change here"),
+    ] {
+        let ids = tok.encode(text, false, false);
+        assert_eq!(tok.detokenize(&ids, clean), want, "{text:?}");
+        assert_eq!(tok.decode(&ids), text);
+    }
+}

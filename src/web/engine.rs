@@ -149,6 +149,14 @@ struct TokenizeOptions {
     parse_special: Option<bool>,
 }
 
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct DetokenizeOptions {
+    remove_special: Option<bool>,
+    unparse_special: Option<bool>,
+    clean_up: Option<bool>,
+}
+
 fn from_js<T: for<'de> Deserialize<'de> + Default>(v: &JsValue, what: &str) -> Result<T> {
     if v.is_undefined() || v.is_null() {
         return Ok(T::default());
@@ -389,10 +397,25 @@ impl Engine {
         ))
     }
 
-    /// Token ids -> text (control tokens render as nothing).
-    pub fn detokenize(&self, ids: Vec<u32>) -> std::result::Result<String, JsValue> {
+    /// Token ids -> text (`options`: `{removeSpecial, unparseSpecial, cleanUp}`, all false by
+    /// default: the pieces as generation streams them; see [`DetokenizeOptions`]).
+    ///
+    /// [`DetokenizeOptions`]: crate::tokenizer::DetokenizeOptions
+    pub fn detokenize(
+        &self,
+        ids: Vec<u32>,
+        options: JsValue,
+    ) -> std::result::Result<String, JsValue> {
+        let o: DetokenizeOptions = from_js(&options, "detokenize options").map_err(js_error)?;
         let core = self.core().map_err(js_error)?;
-        Ok(core.opened.tok.decode(&ids))
+        Ok(core.opened.tok.detokenize(
+            &ids,
+            crate::tokenizer::DetokenizeOptions {
+                remove_special: o.remove_special.unwrap_or(false),
+                unparse_special: o.unparse_special.unwrap_or(false),
+                clean_up: o.clean_up.unwrap_or(false),
+            },
+        ))
     }
 
     /// Drop `nDiscard` cells of the KV cache after the first `nKeep` (the kv_shift kernel).
