@@ -727,6 +727,14 @@ mod tests {
         );
         assert_eq!(s.parse("{\"not\": \"a call\"}").1, Vec::<ToolCall>::new());
         assert_eq!(s.parse("The answer is 4.").0, "The answer is 4.");
+        // Text, then a call after <|python_tag|>: the text is the content.
+        assert_eq!(
+            s.parse("Let me check.\n<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"),
+            (
+                "Let me check.".to_string(),
+                vec![call("get_weather", json!({"city": "Oslo"}))]
+            )
+        );
     }
 
     #[test]
