@@ -117,11 +117,16 @@ export interface GenerateOptions extends SamplingOptions {
   /**
    * Chat only: tools the model may call, rendered by its chat template. While a call is
    * generated its arguments are held to the tool's JSON Schema; the calls come back parsed in
-   * `stats.toolCalls` (`finishReason: 'tool_calls'`). Not together with `responseFormat` /
+   * `stats.toolCalls` (`finishReason: 'tool_calls'`) and the text before them in
+   * `stats.content`. The streamed text shows the calls in the model's syntax, markers that are
+   * control tokens (LFM2's `<|tool_call_start|>`) included. Not together with `responseFormat` /
    * `grammar` unless `toolChoice` is `'none'`.
    */
   tools?: ToolDefinition[];
-  /** `'auto'` (default: text or calls), `'required'` (calls only), `'none'`, or one named function. */
+  /**
+   * `'auto'` (default: text, optionally followed by calls), `'required'` (calls only), `'none'`,
+   * or one named function.
+   */
   toolChoice?: ToolChoice;
 }
 
@@ -183,7 +188,7 @@ export interface GenerationStats {
   maskMsPerToken: number;
   /** With `tools`: the calls in the answer (empty when it is plain text). */
   toolCalls?: ParsedToolCall[];
-  /** With `tools`: the answer's text outside its calls. */
+  /** With `tools`: the answer's text before its calls (all of it when there are none). */
   content?: string;
 }
 
@@ -209,6 +214,24 @@ export interface ChatMessage {
 export interface TokenizeOptions {
   addSpecial?: boolean;
   parseSpecial?: boolean;
+}
+
+/**
+ * `detokenize` options, those of llama.cpp's `llama_detokenize`. All false by default: the text
+ * is the pieces as generation streams them, put together.
+ */
+export interface DetokenizeOptions {
+  /** Drop a leading BOS and a trailing EOS where the vocabulary adds them. */
+  removeSpecial?: boolean;
+  /** Render control tokens (`<|im_end|>`) as their text. */
+  unparseSpecial?: boolean;
+  /**
+   * Clean up the text as `llama_detokenize` does for a whole sequence (lossy): a SentencePiece
+   * vocabulary that adds a space prefix takes it off the first token; a byte-level BPE one
+   * (except the Qwen 2 / 3 / 3.5 and GPT-4o families) drops the space before `? ! . ,`, around
+   * a lone `'` and before `'s 'm 're 've`, like Hugging Face's `clean_up_tokenization_spaces`.
+   */
+  cleanUp?: boolean;
 }
 
 export interface GpuLimitsInfo {
@@ -406,7 +429,7 @@ export class Engine implements OpenAICompatible {
   readonly models: OpenAIModels;
   fetch(input: string | URL | Request, init?: RequestInit): Promise<Response>;
   tokenize(text: string, options?: TokenizeOptions): number[];
-  detokenize(ids: ArrayLike<number>): string;
+  detokenize(ids: ArrayLike<number>, options?: DetokenizeOptions): string;
   shiftContext(nKeep: number, nDiscard: number): void;
   reset(): void;
   info(): EngineInfo;
@@ -433,7 +456,7 @@ export class WorkerEngine implements OpenAICompatible {
   readonly models: OpenAIModels;
   fetch(input: string | URL | Request, init?: RequestInit): Promise<Response>;
   tokenize(text: string, options?: TokenizeOptions): Promise<number[]>;
-  detokenize(ids: ArrayLike<number>): Promise<string>;
+  detokenize(ids: ArrayLike<number>, options?: DetokenizeOptions): Promise<string>;
   shiftContext(nKeep: number, nDiscard: number): Promise<void>;
   reset(): Promise<void>;
   info(): Promise<EngineInfo>;

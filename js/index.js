@@ -142,8 +142,8 @@ export class Engine {
   tokenize(text, options) {
     return Array.from(this.#raw.tokenize(text, options));
   }
-  detokenize(ids) {
-    return this.#raw.detokenize(Uint32Array.from(ids));
+  detokenize(ids, options) {
+    return this.#raw.detokenize(Uint32Array.from(ids), options);
   }
   shiftContext(nKeep, nDiscard) {
     this.#raw.shiftContext(nKeep, nDiscard);

@@ -101,14 +101,32 @@ const finishReason = (r) => (r === 'length' || r === 'tool_calls' ? r : 'stop');
 const toolCallsOf = (calls) =>
   calls.map((c) => ({ id: newId('call'), type: 'function', function: { name: c.name, arguments: JSON.stringify(c.arguments ?? {}) } }));
 
-// How a call may open, per syntax (Qwen's <tool_call>, a fenced block, Llama's bare JSON,
-// LFM2's list): while a streamed answer could still be a call it is held back, then sent as
-// `delta.tool_calls` or, once it cannot be one, as text.
-const CALL_OPENERS = ['<tool_call>', '```', '{', '[', '<|python_tag|>'];
-const mayBeCall = (text) => {
-  const t = text.trimStart();
-  return CALL_OPENERS.some((o) => o.startsWith(t) || t.startsWith(o));
-};
+// What opens a call, per syntax: Qwen's <tool_call>, the fenced block, Llama 3.1's
+// <|python_tag|>, LFM2's list marker (markers that are control tokens are streamed as their
+// text). With tool_choice 'auto' a call may follow text: the text streams as content up to the
+// marker, and from the marker on the answer is calls.
+const CALL_MARKERS = ['<tool_call>', '```tool_call', '<|python_tag|>', '<|tool_call_start|>'];
+// Calls without a marker, only as the whole answer: Llama's bare JSON, LFM2's bare list.
+const BARE_OPENERS = ['{', '['];
+
+/**
+ * Text that is not a call yet: `send` may go out as content, `keep` is held (it may be the start
+ * of a marker, or whitespace that the content loses when a call follows), `call` is the text
+ * from the first marker on (null when there is none).
+ */
+function splitText(text) {
+  const at = Math.min(...CALL_MARKERS.map((m) => text.indexOf(m)).filter((i) => i >= 0));
+  if (Number.isFinite(at)) return { send: text.slice(0, at).trimEnd(), keep: '', call: text.slice(at) };
+  let cut = text.length;
+  for (let i = Math.max(0, text.length - Math.max(...CALL_MARKERS.map((m) => m.length)) + 1); i < text.length; i++) {
+    if (CALL_MARKERS.some((m) => m.startsWith(text.slice(i)))) {
+      cut = i;
+      break;
+    }
+  }
+  while (cut > 0 && /\s/.test(text[cut - 1])) cut--;
+  return { send: text.slice(0, cut), keep: text.slice(cut), call: null };
+}
 
 // A JSON call's head, `{"name": "f", "arguments": ` (Llama's key is "parameters"), anywhere after
 // the opener; the engine's grammar writes the name first.
@@ -278,42 +296,66 @@ function chunks(kind, stream, { model, id, created, includeUsage, tools = false 
     chat ? { index: 0, delta: text === null ? {} : { content: text }, logprobs: null, finish_reason: finish } : { index: 0, text: text ?? '', logprobs: null, finish_reason: finish };
   async function* gen() {
     if (chat) yield { ...base(), choices: [{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] };
-    // With tools, text that may still open a call is held (see CALL_OPENERS); while it may, it
-    // also goes to the call streamer, which sends a call's pieces as they are written.
-    let held = tools ? '' : null;
+    // With tools the answer is text, then calls (or calls alone). `mode`: 'start' while the
+    // opening may still be a call, 'text' once it is text (marker-free text streams as content,
+    // see splitText), 'call' from a marker on and 'bare' for a call without one (both go to the
+    // call streamer, which sends a call's pieces as they are written).
+    let mode = tools ? 'start' : 'plain';
+    let held = '';
+    let sent = '';
     const calls = tools ? new CallStream() : null;
     const callChunk = (entries) => ({ ...base(), choices: [{ index: 0, delta: { tool_calls: entries }, logprobs: null, finish_reason: null }] });
+    const textChunk = (text) => {
+      sent += text;
+      return { ...base(), choices: [choice(text, null)] };
+    };
     try {
       for await (const t of stream) {
         if (!t.text) continue;
-        if (held !== null) {
-          held += t.text;
-          if (mayBeCall(held)) {
-            for (const entry of calls.push(t.text)) yield callChunk([entry]);
+        if (mode === 'plain') {
+          yield textChunk(t.text);
+          continue;
+        }
+        if (mode === 'call' || mode === 'bare') {
+          if (mode === 'bare') held += t.text;
+          for (const entry of calls.push(t.text)) yield callChunk([entry]);
+          continue;
+        }
+        held += t.text;
+        if (mode === 'start') {
+          const lead = held.trimStart();
+          if (lead === '' || CALL_MARKERS.some((m) => m.startsWith(lead))) continue;
+          if (BARE_OPENERS.some((o) => lead.startsWith(o))) {
+            mode = 'bare';
+            for (const entry of calls.push(held)) yield callChunk([entry]);
             continue;
           }
-          const text = held;
-          held = null;
-          yield { ...base(), choices: [choice(text, null)] };
-        } else {
-          yield { ...base(), choices: [choice(t.text, null)] };
+          mode = 'text';
+        }
+        const { send, keep, call } = splitText(held);
+        if (send) yield textChunk(send);
+        held = keep;
+        if (call !== null) {
+          mode = 'call';
+          for (const entry of calls.push(call)) yield callChunk([entry]);
         }
       }
     } finally {
       stream.stop();
     }
     const s = await stream.stats;
+    // The content the stream has not sent yet: the engine's parse is the reference (held text
+    // of a plain answer, the text of a call that did not parse, ...).
+    const content = typeof s.content === 'string' ? s.content : sent + held;
+    if (content.startsWith(sent) && content.length > sent.length) yield textChunk(content.slice(sent.length));
     if (s.toolCalls?.length) {
-      if (s.content) yield { ...base(), choices: [choice(s.content, null)] };
       // What the streamer did not send: the arguments of a call it opened but could not follow,
-      // and every call after it, whole (the engine's parse is the reference).
+      // and every call after it, whole.
       if (calls.unsent !== null && s.toolCalls[calls.unsent]) {
         yield callChunk([{ index: calls.unsent, function: { arguments: JSON.stringify(s.toolCalls[calls.unsent].arguments ?? {}) } }]);
       }
       const rest = toolCallsOf(s.toolCalls.slice(calls.count)).map((c, k) => ({ index: calls.count + k, ...c }));
       if (rest.length) yield callChunk(rest);
-    } else if (held && !calls?.count) {
-      yield { ...base(), choices: [choice(held, null)] };
     }
     yield { ...base(), choices: [choice(null, finishReason(s.finishReason))], ...(includeUsage ? {} : { usage: usageOf(s) }) };
     if (includeUsage) yield { ...base(), choices: [], usage: usageOf(s) };

@@ -99,8 +99,8 @@ export class WorkerEngine {
   tokenize(text, options) {
     return this.#call('tokenize', [text, options]).promise;
   }
-  detokenize(ids) {
-    return this.#call('detokenize', [Array.from(ids)]).promise;
+  detokenize(ids, options) {
+    return this.#call('detokenize', [Array.from(ids), options]).promise;
   }
   shiftContext(nKeep, nDiscard) {
     return this.#call('shiftContext', [nKeep, nDiscard]).promise;

@@ -67,6 +67,7 @@ fn greedy(max_tokens: u32) -> GenerateOptions {
         stop: vec![],
         sampler: SamplerParams::greedy(),
         constraint: None,
+        shown_control: Vec::new(),
     }
 }
 

@@ -37,6 +37,7 @@ fn greedy(max_tokens: u32) -> GenerateOptions {
         stop: vec![],
         sampler: SamplerParams::greedy(),
         constraint: None,
+        shown_control: Vec::new(),
     }
 }
 

@@ -495,6 +495,7 @@ async fn shift() {
         stop: vec![],
         sampler: SamplerParams::greedy(),
         constraint: None,
+        shown_control: Vec::new(),
     };
     let mut got = Vec::new();
     let stats = session
@@ -534,6 +535,7 @@ async fn chained_matches_step_by_step() {
         stop: vec![],
         sampler: SamplerParams::greedy(),
         constraint: None,
+        shown_control: Vec::new(),
     };
     // Chained: stop (abort) after 3 of a chain of up to 7 steps, then go on for 4 more.
     let mut chained = Session::new(

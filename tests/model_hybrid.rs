@@ -83,6 +83,7 @@ async fn reply(session: &mut Session, prompt: &[u32], n: u32) -> Vec<u32> {
         stop: vec![],
         sampler: SamplerParams::greedy(),
         constraint: None,
+        shown_control: Vec::new(),
     };
     let mut out = Vec::new();
     session
@@ -256,6 +257,7 @@ async fn rewind_after_a_stop_is_exact(name: &str) {
         stop: vec![],
         sampler: SamplerParams::greedy(),
         constraint: None,
+        shown_control: Vec::new(),
     };
     let mut n = 0;
     let stats = session

@@ -33,6 +33,7 @@ async fn generate(s: &mut Session, prompt: &[u32], n: u32) -> cera_web::Result<V
         stop: vec![],
         sampler: SamplerParams::greedy(),
         constraint: None,
+        shown_control: Vec::new(),
     };
     s.generate(prompt, &opts, &mut |id, _| {
         ids.extend(id);

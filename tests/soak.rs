@@ -106,6 +106,7 @@ async fn soak() {
             stop: vec![],
             sampler,
             constraint: None,
+            shown_control: Vec::new(),
         };
         let mut ids = Vec::new();
         let t_call = now_s();

@@ -124,6 +124,7 @@ fn opts(
         stop: vec![],
         sampler,
         constraint,
+        shown_control: Vec::new(),
     }
 }
 

@@ -449,6 +449,43 @@ mod gemma {
     use super::*;
 
     fn gemma() -> Tokenizer {
+        let h = gemma_header();
+        let t0 = std::time::Instant::now();
+        let tok = Tokenizer::from_gguf(&h).unwrap();
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        tlog!(
+            "gemma3: tokenizer built in {ms:.1} ms ({} tokens)",
+            tok.n_vocab()
+        );
+        assert!(ms < 1000.0, "building the Gemma tokenizer took {ms} ms");
+        tok
+    }
+
+    /// Gemma 3's vocabulary does not add a space prefix; with the key set it takes the
+    /// SentencePiece path of `llama_detokenize` that strips the first token's space (the
+    /// fixture's vocabulary is the same rewrite, made for llama.cpp by the oracle script).
+    #[test]
+    fn gemma3_space_prefix_detokenize_matches_llama_cpp() {
+        let h = rewrite(
+            &gemma_header(),
+            &[(
+                "tokenizer.ggml.add_space_prefix",
+                Some(MetaValue::Bool(true)),
+            )],
+        );
+        let tok = Tokenizer::from_gguf(&header(&h)).unwrap();
+        let fx: DetokFixture =
+            serde_json::from_str(include_str!("fixtures/tokenizer/detokenize-gemma3.json"))
+                .unwrap();
+        let changed = check_detokenize(&tok, &fx.vocabularies[0]);
+        // Every id list that starts with a space-prefixed token and no BOS.
+        assert!(
+            changed >= 50,
+            "only {changed} id lists lost their space prefix"
+        );
+    }
+
+    fn gemma_header() -> std::sync::Arc<GgufHeader> {
         let p = std::env::var("CERA_TEST_MODEL")
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|_| {
@@ -461,16 +498,7 @@ mod gemma {
             p.display()
         );
         // header only: the parser stops at Event::Header
-        let (h, _) = cera_web::loader::read_header_file(&p).unwrap();
-        let t0 = std::time::Instant::now();
-        let tok = Tokenizer::from_gguf(&h).unwrap();
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        tlog!(
-            "gemma3: tokenizer built in {ms:.1} ms ({} tokens)",
-            tok.n_vocab()
-        );
-        assert!(ms < 1000.0, "building the Gemma tokenizer took {ms} ms");
-        tok
+        cera_web::loader::read_header_file(&p).unwrap().0
     }
 
     #[test]
@@ -513,5 +541,115 @@ mod gemma {
             "<start_of_turn>user\nhi<end_of_turn>"
         );
         assert!(tok.is_eog(tok.token_id("<end_of_turn>").unwrap()));
+    }
+}
+
+#[derive(Deserialize)]
+struct DetokFixture {
+    vocabularies: Vec<DetokVocab>,
+}
+
+#[derive(Deserialize)]
+struct DetokVocab {
+    name: String,
+    gguf: String,
+    cases: Vec<DetokCase>,
+}
+
+#[derive(Deserialize)]
+struct DetokCase {
+    text: String,
+    ids: Vec<u32>,
+    /// "remove{0,1}_unparse{0,1}" -> llama_detokenize's bytes, hex
+    detokenized: HashMap<String, String>,
+}
+
+/// Every case of `v` through `detokenize` with `clean_up`, against llama.cpp's
+/// `llama_detokenize` for each combination of remove_special and unparse_special; without
+/// `clean_up` it must be the pieces put together. Returns how many id lists the clean-up changed.
+fn check_detokenize(tok: &Tokenizer, v: &DetokVocab) -> usize {
+    use cera_web::tokenizer::DetokenizeOptions;
+    let mut changed = 0;
+    for c in &v.cases {
+        for remove_special in [false, true] {
+            for unparse_special in [false, true] {
+                let key = format!(
+                    "remove{}_unparse{}",
+                    remove_special as u8, unparse_special as u8
+                );
+                let o = DetokenizeOptions {
+                    remove_special,
+                    unparse_special,
+                    clean_up: true,
+                };
+                let got = tok.detokenize(&c.ids, o);
+                assert_eq!(
+                    hex(got.as_bytes()),
+                    c.detokenized[&key],
+                    "{} {key} {:?} {:?}: got {got:?}",
+                    v.name,
+                    c.text,
+                    c.ids
+                );
+            }
+        }
+        let pieces = tok.detokenize(&c.ids, DetokenizeOptions::default());
+        assert_eq!(pieces, tok.decode(&c.ids), "{} {:?}", v.name, c.text);
+        if hex(pieces.as_bytes()) != c.detokenized["remove0_unparse0"] {
+            changed += 1;
+        }
+    }
+    common_log(&format!(
+        "{}: {} id lists x 4 match llama_detokenize; the clean-up changed {changed}",
+        v.name,
+        v.cases.len()
+    ));
+    changed
+}
+
+/// `detokenize` with `clean_up` is llama.cpp's `llama_detokenize` (fixtures from
+/// scripts/oracle/detokenize_fixtures.py): Llama 3's vocabulary (pre-tokenizer llama-bpe) has the
+/// space clean-up, Qwen's (qwen2) has not.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn detokenize_matches_llama_cpp() {
+    let fx: DetokFixture =
+        serde_json::from_str(include_str!("fixtures/tokenizer/detokenize.json")).unwrap();
+    assert_eq!(fx.vocabularies.len(), 2);
+    for v in &fx.vocabularies {
+        let bytes = match v.gguf.as_str() {
+            "llama3.gguf" => LLAMA3_GGUF,
+            "qwen2.gguf" => QWEN2_GGUF,
+            other => panic!("no vocabulary {other}"),
+        };
+        let changed = check_detokenize(&Tokenizer::from_gguf(&header(bytes)).unwrap(), v);
+        match v.name.as_str() {
+            "llama3" => assert!(changed >= 20, "llama3: only {changed} id lists cleaned up"),
+            _ => assert_eq!(changed, 0, "{}: no clean-up expected", v.name),
+        }
+    }
+}
+
+/// llama.cpp's clean-up rules one by one, on Llama 3's vocabulary: what goes, what stays.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn detokenize_clean_up_rules() {
+    use cera_web::tokenizer::DetokenizeOptions;
+    let tok = Tokenizer::from_gguf(&header(LLAMA3_GGUF)).unwrap();
+    let clean = DetokenizeOptions {
+        clean_up: true,
+        ..Default::default()
+    };
+    for (text, want) in [
+        ("Hi , you ! Ok ? Yes .", "Hi, you! Ok? Yes."),
+        ("rock ' n ' roll", "rock'n'roll"),
+        ("it 's I 'm we 're they 've", "it's I'm we're they've"),
+        ("don 't I 'd we 'll", "don 't I 'd we 'll"),
+        ("a ? b : c", "a? b : c"),
+        ("no change here", "no change here"),
+    ] {
+        let ids = tok.encode(text, false, false);
+        assert_eq!(tok.detokenize(&ids, clean), want, "{text:?}");
+        assert_eq!(tok.decode(&ids), text);
     }
 }

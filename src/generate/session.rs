@@ -84,6 +84,10 @@ pub struct GenerateOptions {
     pub sampler: SamplerParams,
     /// Structured output: every token is masked to what this grammar allows next.
     pub constraint: Option<ConstraintSpec>,
+    /// Control tokens streamed as their text instead of as nothing: a tool call's markers where
+    /// the vocabulary makes them control tokens (LFM2's `<|tool_call_start|>`), so the text
+    /// shows where a call begins and ends.
+    pub shown_control: Vec<u32>,
 }
 
 /// Owns shared handles (`Arc`) so a JS class can hold one without borrowing.
@@ -689,7 +693,7 @@ impl Session {
                 Some("stop")
             } else {
                 stats.generated_tokens += 1;
-                let piece = detok.push(id);
+                let piece = detok.push_with(id, opts.shown_control.contains(&id));
                 let (text, hit) = stop.push(&piece);
                 if !on_token(Some(id), &text) {
                     Some("aborted")

@@ -5,16 +5,19 @@
 //! - [`ToolSyntax::Hermes`] (Qwen 2.5 / Qwen 3, the ChatML built-in):
 //!   `<tool_call>\n{"name": "f", "arguments": {..}}\n</tool_call>`, one block per call.
 //! - [`ToolSyntax::Llama3`] (Llama 3.1+ JSON tool calling): the whole answer is
-//!   `{"name": "f", "parameters": {..}}`, optionally after `<|python_tag|>`.
+//!   `{"name": "f", "parameters": {..}}`; after `<|python_tag|>` a call may also follow text.
 //! - [`ToolSyntax::Lfm2`] (LFM2): `<|tool_call_start|>[f(a="x", b=1)]<|tool_call_end|>`, a
-//!   Python-style call list. The markers are control tokens, which render as no text, so the
-//!   parser also takes the bare list.
+//!   Python-style call list. The markers are control tokens, which render as no text: with tools
+//!   generation shows them as text ([`ToolSyntax::markers`]), and the parser also takes the bare
+//!   list.
 //! - [`ToolSyntax::Fenced`] (the Gemma built-in: Gemma 3's template defines no tool syntax): a
 //!   fenced JSON block, `` ```tool_call\n{"name": "f", "arguments": {..}}\n``` ``.
 //!
-//! The grammar ([`ToolSyntax::grammar`]) is free text OR calls from the first character on
-//! (`tool_choice: "auto"`), calls only (`"required"`), or one call of a named function; the
-//! arguments of each call are held to that tool's JSON Schema by llguidance's `%json`.
+//! The grammar ([`ToolSyntax::grammar`]) is free text, optionally followed by calls
+//! (`tool_choice: "auto"`: the call's marker, `<tool_call>` for Qwen, may come after any text),
+//! calls only (`"required"`), or one call of a named function. From the marker on, the arguments
+//! of each call are held to that tool's JSON Schema by llguidance's `%json`; the parser returns
+//! the text before the calls as the answer's content.
 
 use serde_json::{json, Value};
 
@@ -150,6 +153,31 @@ impl ToolSyntax {
         }
     }
 
+    /// The text that opens a call (see the module docs). Llama 3's JSON call needs none at the
+    /// start of the answer; after text it follows `<|python_tag|>`.
+    fn marker(self) -> &'static str {
+        match self {
+            ToolSyntax::Hermes => "<tool_call>",
+            ToolSyntax::Fenced => "```tool_call",
+            ToolSyntax::Llama3 => "<|python_tag|>",
+            ToolSyntax::Lfm2 => "<|tool_call_start|>",
+        }
+    }
+
+    /// Every marker of the syntax. Where the vocabulary makes one a control token it renders as
+    /// no text, so generation shows these as text ([`GenerateOptions::shown_control`]) for the
+    /// parser and the stream to see where a call begins and ends.
+    ///
+    /// [`GenerateOptions::shown_control`]: super::session::GenerateOptions::shown_control
+    pub fn markers(self) -> &'static [&'static str] {
+        match self {
+            ToolSyntax::Hermes => &["<tool_call>", "</tool_call>"],
+            ToolSyntax::Fenced => &[],
+            ToolSyntax::Llama3 => &["<|python_tag|>"],
+            ToolSyntax::Lfm2 => &["<|tool_call_start|>", "<|tool_call_end|>"],
+        }
+    }
+
     /// The grammar for `choice` over `tools` (`None` for `tool_choice: "none"`). `special` says
     /// whether a marker text is a control token of the vocabulary: then the grammar names the
     /// token (`<|tool_call_start|>`) instead of spelling its text.
@@ -178,35 +206,41 @@ impl ToolSyntax {
             if special(s) {
                 s.to_string()
             } else {
-                serde_json::to_string(s).expect("a string serializes")
+                json_str(s)
             }
         };
         let mut g = String::new();
         // One call (a Named choice) or one or more.
         let many = !matches!(choice, ToolChoice::Named(_));
+        // `call_body`: one call after its marker; `more`: the calls after the first.
+        let mut more = String::new();
         match self {
             ToolSyntax::Lfm2 => {
+                // One list holds every call.
                 g.push_str(&format!(
-                    "calls: {} \"[\" call {} \"]\" {}\n",
-                    lit("<|tool_call_start|>"),
+                    "call_body: \"[\" call {} \"]\" {}\n",
                     if many { "(\", \" call)*" } else { "" },
                     lit("<|tool_call_end|>")
                 ));
                 g.push_str(&python_calls(&allowed)?);
             }
             _ => {
-                let (open, close, sep) = match self {
-                    ToolSyntax::Hermes => ("<tool_call>\n", "\n</tool_call>", "\n"),
-                    ToolSyntax::Fenced => ("```tool_call\n", "\n```", "\n"),
-                    _ => ("", "", "; "),
+                let close = match self {
+                    ToolSyntax::Hermes => "\n</tool_call>",
+                    ToolSyntax::Fenced => "\n```",
+                    _ => "",
                 };
-                let call = format!("{} call_json {}", json_str(open), json_str(close));
-                let more = if many && self != ToolSyntax::Llama3 {
-                    format!("({} {call})*", json_str(sep))
+                if self == ToolSyntax::Llama3 {
+                    g.push_str("call_body: call_json\n");
                 } else {
-                    String::new()
-                };
-                g.push_str(&format!("calls: {call} {more}\n"));
+                    g.push_str(&format!(
+                        "call_body: \"\\n\" call_json {}\n",
+                        json_str(close)
+                    ));
+                    if many {
+                        more = format!(" (\"\\n\" {} call_body)*", lit(self.marker()));
+                    }
+                }
                 let key = self.args_key();
                 let alternatives: Vec<Value> = allowed
                     .iter()
@@ -227,28 +261,39 @@ impl ToolSyntax {
                 g.push_str(&format!("call_json: %json {schema}\n"));
             }
         }
+        let marker = self.marker();
         let start = match choice {
             ToolChoice::Auto => {
-                // Free text that does not begin like a call (so the two branches part at once and
-                // a call is always held to its schema); a call may only open the answer.
-                let opener = match self {
-                    ToolSyntax::Hermes => Some("<tool_call>"),
-                    ToolSyntax::Fenced => Some("```"),
-                    ToolSyntax::Llama3 => Some("{"),
-                    // A control-token marker is no text: TEXT cannot begin with it anyway.
-                    ToolSyntax::Lfm2 if special("<|tool_call_start|>") => None,
-                    ToolSyntax::Lfm2 => Some("<|tool_call_start|>"),
+                // Free text, then optionally the calls: the marker may come after any text, and
+                // from the marker on the calls are held to the grammar. Llama 3's bare JSON call
+                // may only be the whole answer, so its free text may not begin with a brace.
+                let not_json = if self == ToolSyntax::Llama3 {
+                    " & ~/(?s:\\s*\\{.*)/"
+                } else {
+                    ""
                 };
-                match opener {
-                    Some(o) => g.push_str(&format!(
-                        "TEXT: /(?s:.+)/ & ~/(?s:\\s*{}.*)/\n",
-                        regex_escape(o)
-                    )),
-                    None => g.push_str("TEXT: /(?s:.+)/\n"),
+                g.push_str(&format!("TEXT: /(?s:.+)/{not_json}\n"));
+                let bare = if self == ToolSyntax::Llama3 {
+                    " | call_json"
+                } else {
+                    ""
+                };
+                if special(marker) {
+                    // A control token is no text: TEXT runs up to it.
+                    format!("start: TEXT | TEXT? {marker} call_body{more}{bare}\n")
+                } else {
+                    // The lead ends at the first marker (a lazy lexeme is done as soon as it
+                    // matches, and wins over TEXT there): text can never hold a marker that
+                    // escapes the grammar.
+                    g.push_str(&format!(
+                        "LEAD: /(?s:.*){}/{not_json}\nlead[lazy]: LEAD\n",
+                        regex_escape(marker)
+                    ));
+                    format!("start: TEXT | lead call_body{more}{bare}\n")
                 }
-                "start: TEXT | calls\n"
             }
-            _ => "start: calls\n",
+            _ if self == ToolSyntax::Llama3 => "start: call_body\n".to_string(),
+            _ => format!("start: {} call_body{more}\n", lit(marker)),
         };
         Ok(Some(ConstraintSpec::Lark(format!("{start}{g}"))))
     }
@@ -259,8 +304,12 @@ impl ToolSyntax {
             ToolSyntax::Hermes => blocks(text, "<tool_call>", "</tool_call>", self),
             ToolSyntax::Fenced => blocks(text, "```tool_call", "```", self),
             ToolSyntax::Llama3 => {
-                let t = text.trim();
-                let t = t.strip_prefix("<|python_tag|>").unwrap_or(t).trim();
+                // The calls are the whole answer, or follow `<|python_tag|>` (after text or not).
+                let (before, t) = match text.find("<|python_tag|>") {
+                    Some(i) => (&text[..i], &text[i + "<|python_tag|>".len()..]),
+                    None => ("", text),
+                };
+                let t = t.trim();
                 // One call, or several separated by ';' (what Llama 3.1's docs show).
                 let calls: Option<Vec<ToolCall>> = if t.starts_with('{') {
                     split_json_values(t, ';').map(|vs| {
@@ -272,7 +321,7 @@ impl ToolSyntax {
                     None
                 };
                 match calls {
-                    Some(c) if !c.is_empty() => Some((String::new(), c)),
+                    Some(c) if !c.is_empty() => Some((before.to_string(), c)),
                     _ => None,
                 }
             }
@@ -678,6 +727,14 @@ mod tests {
         );
         assert_eq!(s.parse("{\"not\": \"a call\"}").1, Vec::<ToolCall>::new());
         assert_eq!(s.parse("The answer is 4.").0, "The answer is 4.");
+        // Text, then a call after <|python_tag|>: the text is the content.
+        assert_eq!(
+            s.parse("Let me check.\n<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"),
+            (
+                "Let me check.".to_string(),
+                vec![call("get_weather", json!({"city": "Oslo"}))]
+            )
+        );
     }
 
     #[test]

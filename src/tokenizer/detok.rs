@@ -94,7 +94,13 @@ impl<'a> Detokenizer<'a> {
 
     /// Feed one token; return the text completed by it (possibly empty).
     pub fn push(&mut self, id: u32) -> String {
-        let piece = self.tok.token_piece(id, self.special);
+        self.push_with(id, false)
+    }
+
+    /// [`Detokenizer::push`], rendering this token's text even when it is a control token and
+    /// the stream does not render them.
+    pub fn push_with(&mut self, id: u32, special: bool) -> String {
+        let piece = self.tok.token_piece(id, self.special || special);
         self.utf8.push(&piece)
     }
 

@@ -51,6 +51,25 @@ enum Model {
     },
 }
 
+/// How [`Tokenizer::detokenize`] renders ids, as llama.cpp's
+/// `llama_detokenize(ids, remove_special, unparse_special)` (all off: the generated pieces, put
+/// together, as the stream shows them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DetokenizeOptions {
+    /// Drop a leading BOS and a trailing EOS where the vocabulary adds them.
+    pub remove_special: bool,
+    /// Render control tokens as their text.
+    pub unparse_special: bool,
+    /// What `llama_detokenize` also does to a whole sequence, so that it can differ from the
+    /// pieces: a SentencePiece vocabulary with `add_space_prefix` takes one leading space off
+    /// the first token (unless a BOS was removed before it), undoing the space tokenizing put
+    /// there; a byte-level BPE one (but the qwen2, qwen35 and gpt-4o families: llama.cpp's
+    /// `clean_spaces`) drops the space before `?`, `!`, `.`, `,`, both spaces around a lone
+    /// `'`, and the space before `'s`, `'m`, `'re`, `'ve` (Hugging Face's
+    /// `clean_up_tokenization_spaces`). Lossy: `a ? b` comes back as `a? b`.
+    pub clean_up: bool,
+}
+
 /// A vocabulary and the way to cut text into its tokens.
 pub struct Tokenizer {
     vocab: Vocab,
@@ -596,6 +615,35 @@ impl Tokenizer {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// Ids -> text, with the options of llama.cpp's `llama_detokenize` (see
+    /// [`DetokenizeOptions`]). With the defaults it is [`Tokenizer::decode`]: the pieces
+    /// generation streams, put together.
+    pub fn detokenize(&self, ids: &[u32], o: DetokenizeOptions) -> String {
+        let mut ids = ids;
+        // llama.cpp strips the prefix space from the first token unless a BOS was removed.
+        let mut strip_space = o.clean_up && self.add_space_prefix;
+        if o.remove_special && self.add_bos && ids.first().is_some_and(|&id| Some(id) == self.bos) {
+            strip_space = false;
+            ids = &ids[1..];
+        }
+        if o.remove_special && self.add_eos && ids.last().is_some_and(|&id| Some(id) == self.eos) {
+            ids = &ids[..ids.len() - 1];
+        }
+        let mut bytes = Vec::new();
+        for (i, &id) in ids.iter().enumerate() {
+            let piece = self.token_piece(id, o.unparse_special);
+            let piece = match piece.strip_prefix(b" ") {
+                Some(rest) if i == 0 && strip_space => rest,
+                _ => &piece[..],
+            };
+            bytes.extend_from_slice(piece);
+        }
+        if o.clean_up && matches!(self.model, Model::Bpe { pre, .. } if pre.clean_spaces()) {
+            clean_up_spaces(&mut bytes);
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
     /// A streaming decoder over this vocabulary.
     pub fn detokenizer(&self) -> Detokenizer<'_> {
         Detokenizer::new(self)
@@ -632,4 +680,61 @@ enum Fragment {
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// llama.cpp's three clean-up passes over a detokenized text, in place and byte by byte as it
+/// runs them (each pass compares a byte with the one before it in the pass's input):
+/// 1. `" ?"`, `" !"`, `" ."`, `" ,"` lose the space;
+/// 2. a `'` with a space on both sides loses both spaces;
+/// 3. `" 's"`, `" 'm"`, `" 're"`, `" 've"` lose the space (`" 't"`, `" 'd"`, `" 'll"` keep it).
+fn clean_up_spaces(text: &mut Vec<u8>) {
+    // Pass 1.
+    let mut len = usize::from(!text.is_empty());
+    for i in 1..text.len() {
+        let c = text[i];
+        if text[i - 1] == b' ' && matches!(c, b'?' | b'!' | b'.' | b',') {
+            len -= 1;
+        }
+        text[len] = c;
+        len += 1;
+    }
+    text.truncate(len);
+    // Pass 2. The space after the `'` is overwritten by a NUL that is skipped, so the byte after
+    // it compares with that NUL, as in llama.cpp.
+    let n = text.len();
+    let mut len = usize::from(n > 0);
+    let mut i = 1;
+    while i < n {
+        let c = text[i];
+        if c == b'\'' && i + 1 < n && text[i - 1] == b' ' && text[i + 1] == b' ' {
+            len -= 1;
+            i += 1;
+            text[i] = 0;
+        }
+        text[len] = c;
+        len += 1;
+        i += 1;
+    }
+    text.truncate(len);
+    // Pass 3.
+    let n = text.len();
+    let mut len = usize::from(n > 0);
+    for i in 1..n {
+        let c = text[i];
+        if text[i - 1] == b' ' && c == b'\'' && i + 1 < n {
+            let next = text[i + 1];
+            let next2 = text.get(i + 2).copied();
+            let drop = match next {
+                b's' | b'm' => true,
+                b't' | b'd' => false,
+                _ => i + 2 < n && matches!((next, next2), (b'r' | b'v', Some(b'e'))),
+            };
+            if drop {
+                len -= 1;
+            }
+        }
+        text[len] = c;
+        len += 1;
+    }
+    text.truncate(len);
 }

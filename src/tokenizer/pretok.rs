@@ -68,6 +68,16 @@ impl PreTokenizer {
         )
     }
 
+    /// Whether llama.cpp cleans up tokenization spaces when it detokenizes a whole sequence
+    /// (`clean_spaces`, see [`super::Tokenizer::detokenize`]): on for byte-level BPE, off for the
+    /// families whose names turn it off (qwen2, qwen35, gpt-4o and their aliases).
+    pub fn clean_spaces(self) -> bool {
+        !matches!(
+            self,
+            PreTokenizer::Qwen2 | PreTokenizer::Qwen35 | PreTokenizer::Gpt4o
+        )
+    }
+
     /// Split `text` into words; returns byte ranges into `text`.
     pub fn split(self, text: &str) -> Vec<std::ops::Range<usize>> {
         let cpts: Vec<u32> = text.chars().map(|c| c as u32).collect();

@@ -137,6 +137,7 @@ impl GenOptions {
                 penalty_last_n: self.penalty_last_n.unwrap_or(d.penalty_last_n),
                 seed: self.seed.unwrap_or(d.seed),
             },
+            shown_control: Vec::new(),
         })
     }
 }
@@ -146,6 +147,14 @@ impl GenOptions {
 struct TokenizeOptions {
     add_special: Option<bool>,
     parse_special: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct DetokenizeOptions {
+    remove_special: Option<bool>,
+    unparse_special: Option<bool>,
+    clean_up: Option<bool>,
 }
 
 fn from_js<T: for<'de> Deserialize<'de> + Default>(v: &JsValue, what: &str) -> Result<T> {
@@ -388,10 +397,25 @@ impl Engine {
         ))
     }
 
-    /// Token ids -> text (control tokens render as nothing).
-    pub fn detokenize(&self, ids: Vec<u32>) -> std::result::Result<String, JsValue> {
+    /// Token ids -> text (`options`: `{removeSpecial, unparseSpecial, cleanUp}`, all false by
+    /// default: the pieces as generation streams them; see [`DetokenizeOptions`]).
+    ///
+    /// [`DetokenizeOptions`]: crate::tokenizer::DetokenizeOptions
+    pub fn detokenize(
+        &self,
+        ids: Vec<u32>,
+        options: JsValue,
+    ) -> std::result::Result<String, JsValue> {
+        let o: DetokenizeOptions = from_js(&options, "detokenize options").map_err(js_error)?;
         let core = self.core().map_err(js_error)?;
-        Ok(core.opened.tok.decode(&ids))
+        Ok(core.opened.tok.detokenize(
+            &ids,
+            crate::tokenizer::DetokenizeOptions {
+                remove_special: o.remove_special.unwrap_or(false),
+                unparse_special: o.unparse_special.unwrap_or(false),
+                clean_up: o.clean_up.unwrap_or(false),
+            },
+        ))
     }
 
     /// Drop `nDiscard` cells of the KV cache after the first `nKeep` (the kv_shift kernel).
@@ -872,6 +896,13 @@ async fn generate(
                         ));
                     }
                     gopts.constraint = Some(spec);
+                    // Markers that are control tokens show as text, for the parse and the stream.
+                    gopts.shown_control = syntax
+                        .markers()
+                        .iter()
+                        .filter(|m| special(m))
+                        .filter_map(|m| tok.token_id(m))
+                        .collect();
                     parse_with = Some(syntax);
                 }
             }

@@ -236,3 +236,62 @@ test('openai client: a call\'s arguments stream as they are written, the first d
   }
   assert.equal(content, brace.join(''));
 });
+
+test('openai client: text, then calls (tool_choice auto): the text streams as content, then the calls', async () => {
+  // Qwen's syntax after a sentence, the marker cut in two.
+  const pieces = ['Let me ', 'look that up.\n<tool', '_call>\n{"name": "get_weather", "arguments": {"city": ', '"Paris"}}\n</tool_call>'];
+  const stats = { toolCalls: [{ name: 'get_weather', arguments: { city: 'Paris' } }], content: 'Let me look that up.' };
+  const stream = await client(scriptedEngine(pieces, 'tool_calls', stats)).chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], tools: [weatherTool], stream: true });
+  const kinds = [];
+  let content = '';
+  const calls = [];
+  let finish = null;
+  for await (const ch of stream) {
+    const d = ch.choices[0]?.delta ?? {};
+    if (d.content) {
+      kinds.push('content');
+      content += d.content;
+    }
+    if (d.tool_calls) {
+      kinds.push('call');
+      calls.push(...d.tool_calls);
+    }
+    finish = ch.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(content, 'Let me look that up.', 'the text once, without the call');
+  assert.equal(kinds[0], 'content', 'the text streams as it is written, before the end');
+  assert.equal(kinds.lastIndexOf('content'), kinds.indexOf('call') - 1, `content deltas, then call deltas: ${kinds}`);
+  assert.equal(calls[0].function.name, 'get_weather');
+  assert.deepEqual(JSON.parse(calls.map((c) => c.function.arguments).join('')), { city: 'Paris' });
+  assert.equal(finish, 'tool_calls');
+  // The openai helper that accumulates a stream, and the answer not streamed.
+  const runner = client(scriptedEngine(pieces, 'tool_calls', stats)).chat.completions.stream({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], tools: [weatherTool] });
+  const final = await runner.finalChatCompletion();
+  assert.equal(final.choices[0].message.content, 'Let me look that up.');
+  assert.equal(final.choices[0].message.tool_calls.length, 1);
+  const whole = await client(scriptedEngine(pieces, 'tool_calls', stats)).chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], tools: [weatherTool] });
+  assert.equal(whole.choices[0].message.content, 'Let me look that up.');
+  assert.equal(whole.choices[0].finish_reason, 'tool_calls');
+  assert.deepEqual(JSON.parse(whole.choices[0].message.tool_calls[0].function.arguments), { city: 'Paris' });
+
+  // LFM2: its markers are control tokens, streamed as their text; the list arrives whole.
+  const lfm = ['Checking.', '<|tool_call_start|>', '[get_weather(city="Rome")]', '<|tool_call_end|>'];
+  const s2 = await client(scriptedEngine(lfm, 'tool_calls', { toolCalls: [{ name: 'get_weather', arguments: { city: 'Rome' } }], content: 'Checking.' })).chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], tools: [weatherTool], stream: true });
+  let text2 = '';
+  const calls2 = [];
+  for await (const ch of s2) {
+    text2 += ch.choices[0]?.delta?.content ?? '';
+    calls2.push(...(ch.choices[0]?.delta?.tool_calls ?? []));
+  }
+  assert.equal(text2, 'Checking.');
+  assert.deepEqual(calls2.map((c) => [c.index, c.function.name, JSON.parse(c.function.arguments)]), [[0, 'get_weather', { city: 'Rome' }]]);
+
+  // Text that only looks like the start of a marker is held until it is not one, then sent.
+  const s3 = await client(scriptedEngine(['See the <tool', 's> page.'], 'stop', { toolCalls: [], content: 'See the <tools> page.' })).chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Hi' }], tools: [weatherTool], stream: true });
+  const parts = [];
+  for await (const ch of s3) {
+    assert.equal(ch.choices[0]?.delta?.tool_calls, undefined);
+    if (ch.choices[0]?.delta?.content) parts.push(ch.choices[0].delta.content);
+  }
+  assert.deepEqual(parts, ['See the', ' <tools> page.']);
+});

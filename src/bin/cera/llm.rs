@@ -189,6 +189,7 @@ pub fn generate(f: &Flags) -> Result<()> {
         stop: Vec::new(),
         sampler,
         constraint: constraint_flags(f)?,
+        shown_control: Vec::new(),
     };
     let json = f.has("json");
     let mut out = std::io::stdout().lock();
