@@ -22,10 +22,13 @@ const ATOL: f32 = 1e-5;
 /// Cells past the last token's position hold this: a kernel reading them would show it.
 const POISON: f32 = 1e3;
 
-const SHAPES: [AttentionConfig; 6] = [
+const SHAPES: [AttentionConfig; 8] = [
     AttentionConfig::simple(),
     AttentionConfig::cooperative(128),
     AttentionConfig::cooperative(256),
+    // Several heads of a kv head per workgroup (as many as divide the test's group, up to 4).
+    AttentionConfig::grouped(256, 4),
+    AttentionConfig::grouped(128, 2),
     // Blocks of queries (batches only; one token runs the cooperative shape): the engine's
     // choice, and smaller tiles, so that blocks with fewer real queries than the tile and tiles
     // with masked cells on both ends are exercised.
@@ -99,9 +102,10 @@ async fn check(ctx: &GpuContext, name: &str, shapes: &[AttentionConfig], p: Atte
         let shape = match ran.tile {
             Some((bq, bc)) => format!("tiled {bq}x{bc}"),
             None => format!(
-                "{} wg {}",
+                "{} wg {} heads {}",
                 if ran.cooperative { "coop" } else { "simple" },
-                ran.workgroup_size
+                ran.workgroup_size,
+                ran.group
             ),
         };
         tlog!("{name} {shape}: worst |err| {:.2e}", worst.0);

@@ -101,14 +101,31 @@ fn params_structs_match_their_wgsl_layout() {
     }
 }
 
-/// The cooperative attention shape's workgroup memory, as the host budgets it
-/// (`attention::coop_workgroup_bytes`, checked against the adapter's limit before that shape is
-/// chosen), equals what the compiled shader declares, for every workgroup size it is built with.
+/// The attention shapes' workgroup memory, as the host budgets it
+/// (`attention::coop_group_workgroup_bytes` and `tiled_workgroup_bytes`, checked against the
+/// adapter's limit before a shape is chosen), equals what the compiled shader declares, for
+/// every workgroup size, head group and tile it is built with.
 #[test]
 fn attention_workgroup_memory_matches_the_host_formula() {
-    use cera_web::ops::attention::{coop_workgroup_bytes, key, AttentionConfig};
+    use cera_web::ops::attention::{
+        coop_group_workgroup_bytes, key, tiled_workgroup_bytes, AttentionConfig,
+    };
+    let mut cases: Vec<(AttentionConfig, u32, u32)> = Vec::new();
     for wg in [64u32, 128, 256, 512] {
-        let k = key(AttentionConfig::cooperative(wg));
+        for group in [1u32, 2, 4] {
+            let cfg = AttentionConfig::grouped(wg, group);
+            cases.push((cfg, 128, coop_group_workgroup_bytes(wg, group)));
+        }
+    }
+    for (bq, bc, hd) in [(16u32, 16u32, 128u32), (8, 16, 256), (4, 8, 80)] {
+        let cfg = AttentionConfig {
+            workgroup_size: bq * bc,
+            ..AttentionConfig::tiled(bq, bc)
+        };
+        cases.push((cfg, hd, tiled_workgroup_bytes(bq, bc, hd / 2)));
+    }
+    for (cfg, hd, want) in cases {
+        let k = key(cfg, hd);
         let src = shaders::expand(k.shader, &k.define_pairs()).unwrap();
         let module = parse(&src, "attention.wgsl COOP");
         let mut layouter = naga::proc::Layouter::default();
@@ -119,6 +136,6 @@ fn attention_workgroup_memory_matches_the_host_formula() {
             .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
             .map(|(_, g)| layouter[g.ty].size)
             .sum();
-        assert_eq!(bytes, coop_workgroup_bytes(wg), "workgroup size {wg}");
+        assert_eq!(bytes, want, "{cfg:?} head_dim {hd}");
     }
 }

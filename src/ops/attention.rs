@@ -36,7 +36,12 @@ pub const SCHUNK: u32 = 64;
 /// (`MAX_HEAD_DIM` f32). `tests/shaders.rs` checks it against the compiled shader's
 /// workgroup variables.
 pub const fn coop_workgroup_bytes(wg: u32) -> u32 {
-    (wg * 5 + MAX_HEAD_DIM) * 4
+    coop_group_workgroup_bytes(wg, 1)
+}
+
+/// [`coop_workgroup_bytes`] for `group` heads a workgroup (every array per head).
+pub const fn coop_group_workgroup_bytes(wg: u32, group: u32) -> u32 {
+    (wg * 5 + MAX_HEAD_DIM) * 4 * group
 }
 
 /// Uniform of `attention.wgsl`, and the whole description of one attention call.
@@ -176,6 +181,10 @@ pub struct AttentionConfig {
     /// `(BQ, BC)` (`TILED`: K and V rows read once per block, not once per query), where the
     /// workgroup memory allows ([`AttentionConfig::fit`]); otherwise the shape above.
     pub tile: Option<(u32, u32)>,
+    /// Cooperative shape: heads a workgroup takes that share a kv head (`GQ`), the most that
+    /// divides the group and fits ([`AttentionConfig::fit`]); each K and V row read serves them
+    /// all.
+    pub group: u32,
 }
 
 /// Workgroup memory of the tiled shape for blocks of `bq` queries and `bc` cells of `hd2` vec2:
@@ -195,6 +204,7 @@ impl AttentionConfig {
             workgroup_size: 64,
             cooperative: false,
             tile: None,
+            group: 1,
         }
     }
 
@@ -205,6 +215,7 @@ impl AttentionConfig {
             workgroup_size: 256,
             cooperative: true,
             tile: Some((bq, bc)),
+            group: 1,
         }
     }
 
@@ -214,6 +225,15 @@ impl AttentionConfig {
             workgroup_size,
             cooperative: true,
             tile: None,
+            group: 1,
+        }
+    }
+
+    /// Cooperative, `group` heads of one kv head a workgroup (at most; see [`Self::group`]).
+    pub const fn grouped(workgroup_size: u32, group: u32) -> Self {
+        AttentionConfig {
+            group,
+            ..Self::cooperative(workgroup_size)
         }
     }
 
@@ -228,15 +248,29 @@ impl AttentionConfig {
     /// the matmul), so it gets the cooperative shape: right for real GPUs, slower on SwiftShader.
     /// Not yet measured on a real GPU.
     ///
-    /// Batches on a GPU take the tiled shape: on an H200 a Gemma 3 270M prefill of 512 tokens
-    /// at depth 4000 spent 18.3 of its 33 ms in the cooperative shape's attention, reading every
-    /// K and V row once per query.
+    /// On a GPU the cooperative shape takes up to 4 heads of a kv head a workgroup: on an H200 a
+    /// Gemma 3 270M prefill of 512 tokens at depth 4000 (4 heads on 1 kv head) spent 18.3 of its
+    /// 33 ms in attention with one head a workgroup, reading every K and V row 4 times per token.
+    /// The tiled shape (blocks of queries) measured slower there: 16,195 -> 9,809 tok/s at depth
+    /// 4000 (256 workgroups of 128 threads walking their tiles one barrier phase at a time,
+    /// nothing overlapping the loads), so it is not the default.
+    ///
+    /// Native builds read `CERA_ATTN_TILE=BQ,BC` (or `off`) instead when it is set, so that
+    /// `cera bench` can compare tiles on a GPU without a rebuild.
     pub fn for_device(ctx: &GpuContext) -> Self {
         if super::matmul::is_cpu_adapter(ctx) {
-            Self::simple()
-        } else {
-            Self::tiled(16, 16)
+            return Self::simple();
         }
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Ok(v) = std::env::var("CERA_ATTN_TILE") {
+            let t: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+            match t[..] {
+                [bq, bc] => return Self::tiled(bq, bc),
+                _ if v == "off" => return Self::cooperative(256),
+                _ => eprintln!("CERA_ATTN_TILE={v:?} is not BQ,BC or off; using the default"),
+            }
+        }
+        Self::grouped(256, 4)
     }
 
     /// Clamp to the device and the call: a cooperative workgroup is a power of two within the
@@ -253,6 +287,7 @@ impl AttentionConfig {
                 q <= bq
                     && c <= bc
                     && hd2.is_multiple_of(c)
+                    && hd2.is_multiple_of(q)
                     && q * c <= ctx.limits.workgroup_size(q * c)
                     && tiled_workgroup_bytes(q, c, hd2)
                         <= ctx.limits.max_compute_workgroup_storage_size
@@ -262,11 +297,27 @@ impl AttentionConfig {
                     workgroup_size: q * c,
                     cooperative: true,
                     tile: Some((q, c)),
+                    group: 1,
                 };
             }
         }
         let this = AttentionConfig { tile: None, ..self };
-        this.fit_untiled(ctx, p)
+        let mut fitted = this.fit_untiled(ctx, p);
+        // Heads a cooperative workgroup takes: a power of two at most `group`, dividing the
+        // heads per kv head, within the workgroup memory.
+        if fitted.cooperative {
+            let per_kv = p.n_head / p.n_kv_head.max(1);
+            let mut g = self.group.max(1).next_power_of_two();
+            while g > 1
+                && (!per_kv.is_multiple_of(g)
+                    || coop_group_workgroup_bytes(fitted.workgroup_size, g)
+                        > ctx.limits.max_compute_workgroup_storage_size)
+            {
+                g /= 2;
+            }
+            fitted.group = g;
+        }
+        fitted
     }
 
     fn fit_untiled(self, ctx: &GpuContext, p: &AttentionParams) -> Self {
@@ -284,6 +335,7 @@ impl AttentionConfig {
             }),
             cooperative: false,
             tile: None,
+            group: 1,
         };
         let coop = AttentionConfig {
             workgroup_size: pow2(if self.cooperative {
@@ -293,6 +345,7 @@ impl AttentionConfig {
             }),
             cooperative: true,
             tile: None,
+            group: 1,
         };
         let simple_ok = simple_iterations(p) <= SIMPLE_MAX_ITERATIONS;
         if coop_fits(coop.workgroup_size) && (self.cooperative || !simple_ok) {
@@ -336,6 +389,7 @@ pub fn key(cfg: AttentionConfig, head_dim: u32) -> PipelineKey {
     }
     if cfg.cooperative {
         k.define("COOP", "")
+            .define("GQ", format!("{}u", cfg.group.max(1)))
     } else {
         k
     }
@@ -347,6 +401,8 @@ pub fn variants() -> Vec<Variant> {
         (AttentionConfig::simple(), 128),
         (AttentionConfig::cooperative(128), 128),
         (AttentionConfig::cooperative(256), 128),
+        (AttentionConfig::grouped(256, 4), 128),
+        (AttentionConfig::grouped(128, 2), 128),
         (
             AttentionConfig {
                 workgroup_size: 128,
@@ -490,7 +546,7 @@ pub fn prepare(
     let pairs = p.n_tokens as u64 * p.n_head as u64;
     let groups = match cfg.tile {
         Some((bq, _)) => (p.n_tokens as u64).div_ceil(bq as u64) * p.n_head as u64,
-        None if coop => pairs,
+        None if coop => pairs / cfg.group.max(1) as u64,
         None => pairs.div_ceil(wg),
     };
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
