@@ -30,11 +30,14 @@ enum Form {
 }
 use Form::{Chunked, Recurrent};
 
+type Case = (u32, u32, u32, Vec<(usize, Form)>);
+
 gpu_test!(gated_delta_chunked_equals_the_recurrent_rule, async {
     let ctx = common::context().await;
     let mut rng = Rng::new(47);
     let mut worst = 0.0f64;
-    let cases: Vec<(u32, u32, u32, Vec<(usize, Form)>)> = vec![
+    // (head size, key heads, value heads, the batches fed in order and the form each runs)
+    let cases: Vec<Case> = vec![
         // The qwen35 fixtures' shape: one batch, chunks of 5, one token, a mix.
         (16, 2, 4, vec![(24, Chunked)]),
         (

@@ -205,3 +205,69 @@ pub fn encode(
     prepare(&mut rec, b, shape, n_tokens, pos0, ctx.zero_step())?;
     rec.encode(encoder)
 }
+
+/// Milliseconds per dispatch of each form, `(recurrent, chunked)`, for a batch of `n_tokens` at
+/// position 0 of heads shaped `shape` (random inputs): `iters` calls recorded into one pass and
+/// submitted once, after a warm-up; timed from submit to a readback (`cera bench-delta`).
+pub async fn bench_forms(
+    ctx: &GpuContext,
+    shape: &DeltaShape,
+    n_tokens: u32,
+    iters: u32,
+) -> Result<(f64, f64)> {
+    let n = n_tokens.max(1) as u64;
+    let (s, hv) = (shape.head_dim as u64, shape.n_v_heads as u64);
+    let row = shape.qkv_dim();
+    let wave = |len: u64, scale: f32| -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i.wrapping_mul(2654435761) % 1000) as f32 / 500.0 - 1.0) * scale)
+            .collect()
+    };
+    let qkv = ctx.storage_buffer("bench qkv", bytemuck::cast_slice(&wave(n * row, 1.0)));
+    let ba = ctx.storage_buffer("bench ba", bytemuck::cast_slice(&wave(n * 2 * hv, 2.0)));
+    let mut head: Vec<f32> = vec![0.5; hv as usize];
+    head.extend(vec![-1.0; hv as usize]);
+    head.extend(vec![1.0; s as usize]);
+    let head_w = ctx.storage_buffer("bench head_w", bytemuck::cast_slice(&head));
+    let state = ctx.empty_storage("bench state", shape.state_bytes())?;
+    let out = ctx.empty_storage("bench out", n * hv * s * 4)?;
+    let b = GatedDeltaBuffers {
+        qkv: &qkv,
+        qkv_stride: row,
+        ba: &ba,
+        ba_offset: 0,
+        ba_stride: 2 * hv,
+        head_w: &head_w,
+        state: &state,
+        out: &out,
+        out_offset: 0,
+        out_stride: hv * s,
+    };
+    let mut times = [0.0f64; 2];
+    for (form, time) in times.iter_mut().enumerate() {
+        let mut rec = Recorder::new(ctx);
+        if form == 0 {
+            gated_delta::prepare(&mut rec, &b, shape, n_tokens, 0, ctx.zero_step())?;
+        } else {
+            prepare(&mut rec, &b, shape, n_tokens, 0, ctx.zero_step())?;
+        }
+        let prepared = rec.finish();
+        let run = |k: u32| {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for _ in 0..k {
+                    prepared.record(&mut pass);
+                }
+            }
+            ctx.submit([enc.finish()]);
+        };
+        run(1);
+        crate::gpu::read_buffer(ctx, &out, 0, 4).await?;
+        let t0 = crate::generate::session::now_s();
+        run(iters.max(1));
+        crate::gpu::read_buffer(ctx, &out, 0, 4).await?;
+        *time = (crate::generate::session::now_s() - t0) * 1e3 / iters.max(1) as f64;
+    }
+    Ok((times[0], times[1]))
+}

@@ -1,11 +1,14 @@
 //! `cera`: the native command line. `cera adapter` shows the GPU and its limits; `cera selfcheck`
 //! runs the kv_shift check against the CPU reference; `cera inspect MODEL.gguf` prints metadata,
 //! tensors, bytes per quant type and the GPU memory plan; `cera load MODEL.gguf` times a load;
-//! `cera bench-gemv` prints GEMV bandwidth per weight type and shape beside a plain copy's.
+//! `cera bench-gemv` prints GEMV bandwidth per weight type and shape beside a plain copy's;
+//! `cera bench-delta` times the gated delta rule's recurrent and chunked forms.
 
 #[cfg(target_arch = "wasm32")]
 fn main() {}
 
+#[cfg(not(target_arch = "wasm32"))]
+mod bench_delta;
 #[cfg(not(target_arch = "wasm32"))]
 mod bench_gemm;
 #[cfg(not(target_arch = "wasm32"))]
@@ -105,6 +108,17 @@ fn main() {
         Some("bench-gemm") => {
             let ctx = open();
             if let Err(e) = bench_gemm::run(&ctx, &args[2..]) {
+                eprintln!("error: {e}");
+                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument {
+                    2
+                } else {
+                    1
+                });
+            }
+        }
+        Some("bench-delta") => {
+            let ctx = open();
+            if let Err(e) = bench_delta::run(&ctx, &args[2..]) {
                 eprintln!("error: {e}");
                 std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument {
                     2
