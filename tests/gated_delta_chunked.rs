@@ -4,8 +4,8 @@
 //! that are not a multiple of the chunk, several chunks, several heads, Qwen3.5's grouping of value
 //! heads over key heads, head sizes 5, 16 (the qwen35 fixtures'), 128 (Qwen3.5's) and 130 (past
 //! one workgroup), a state carried in from an earlier call of either form, a restart at position 0
-//! over a stale state, strided inputs and outputs with offsets, and (on a CPU adapter) a batch
-//! split into several dispatches. Runs natively and in headless Chrome.
+//! over a stale state, strided inputs and outputs with offsets, and (on a CPU adapter) batches of
+//! either form split into several dispatches. Runs natively and in headless Chrome.
 
 mod common;
 
@@ -72,6 +72,9 @@ gpu_test!(gated_delta_chunked_equals_the_recurrent_rule, async {
             4,
             vec![(200, Chunked), (1, Recurrent), (33, Chunked)],
         ),
+        // The recurrent form alone over 150 tokens of heads of 128 (on a CPU adapter, several
+        // dispatches: one went wrong from the 120th token).
+        (128, 1, 2, vec![(150, Recurrent), (20, Chunked)]),
     ];
     for (s, hk, hv, feeds) in cases {
         let shape = DeltaShape {

@@ -218,7 +218,41 @@ pub(crate) fn entries<'a>(
     ]
 }
 
-/// Prepare the dispatch for `n_tokens` at positions `step.pos0 + pos0 + t`.
+/// The params of tokens `t0 .. t0 + n` of a dispatch whose params are `whole`: every offset
+/// moved to token `t0` (a batch split into several dispatches).
+pub(crate) fn part_params(whole: &GatedDeltaParams, t0: u32, n: u32) -> Result<GatedDeltaParams> {
+    let at = |offset: u32, stride: u32| u32_of("offset", offset as u64 + t0 as u64 * stride as u64);
+    Ok(GatedDeltaParams {
+        n_tokens: n,
+        pos0: whole.pos0 + t0,
+        q_offset: at(whole.q_offset, whole.qkv_stride)?,
+        k_offset: at(whole.k_offset, whole.qkv_stride)?,
+        v_offset: at(whole.v_offset, whole.qkv_stride)?,
+        ba_offset: at(whole.ba_offset, whole.ba_stride)?,
+        out_offset: at(whole.out_offset, whole.out_stride)?,
+        ..*whole
+    })
+}
+
+/// Tokens one dispatch may walk: all on a GPU; on a CPU adapter as many as stay under
+/// lavapipe's limit of 65535 loop iterations per invocation in total (`shaders/attention.wgsl`,
+/// LOOP_NOTE; with a margin, as `gated_delta_chunked::CPU_MAX_ITERATIONS`): heads of 128 went
+/// wrong from the 120th token of one dispatch. Per token an invocation runs the two reductions
+/// (`log2(wg) + 1` each), the norms' loop, and per owned row two loops over the row.
+pub fn tokens_per_dispatch(ctx: &GpuContext, head_dim: u32) -> u32 {
+    if !crate::ops::matmul::is_cpu_adapter(ctx) {
+        return u32::MAX;
+    }
+    let wg = workgroup_size(ctx, head_dim) as u64;
+    let (n, rows) = (head_dim as u64, (head_dim as u64).div_ceil(wg));
+    let log2 = 63 - wg.leading_zeros() as u64;
+    let per_token = 2 * (log2 + 2) + rows * (2 * n + 4) + rows + 2;
+    let budget = super::gated_delta_chunked::CPU_MAX_ITERATIONS - rows * (n + 1);
+    (budget / per_token).clamp(1, u32::MAX as u64) as u32
+}
+
+/// Prepare the dispatch for `n_tokens` at positions `step.pos0 + pos0 + t` (on a CPU adapter,
+/// dispatches of [`tokens_per_dispatch`] tokens in order).
 pub fn prepare(
     rec: &mut Recorder,
     b: &GatedDeltaBuffers,
@@ -238,8 +272,14 @@ pub fn prepare(
         ctx.limits.max_compute_workgroups_per_dimension,
     )?;
     let label = pipe.key.label();
-    let ubuf = rec.uniform(&label, &params);
-    rec.push("gated_delta", &pipe, &entries(&ubuf, b, step), grid);
+    let per_dispatch = tokens_per_dispatch(ctx, shape.head_dim);
+    let mut t0 = 0u32;
+    while t0 < n_tokens {
+        let part = per_dispatch.min(n_tokens - t0);
+        let ubuf = rec.uniform(&label, &part_params(&params, t0, part)?);
+        rec.push("gated_delta", &pipe, &entries(&ubuf, b, step), grid);
+        t0 += part;
+    }
     Ok(())
 }
 

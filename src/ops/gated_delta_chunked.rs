@@ -10,7 +10,7 @@
 //! token; here a workgroup synchronises a handful of times per chunk, and the per-token work
 //! inside a chunk is independent dot products.
 
-use super::gated_delta::{self, checked_params, DeltaShape, GatedDeltaBuffers, GatedDeltaParams};
+use super::gated_delta::{self, checked_params, DeltaShape, GatedDeltaBuffers};
 use super::Variant;
 use crate::error::{Error, Result};
 use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
@@ -161,7 +161,7 @@ pub fn prepare(
     let mut t0 = 0u32;
     while t0 < n_tokens {
         let part = per_dispatch.min(n_tokens - t0);
-        let params = part_params(&whole, t0, part)?;
+        let params = gated_delta::part_params(&whole, t0, part)?;
         let ubuf = rec.uniform(&label, &params);
         rec.push(
             "gated_delta_chunked",
@@ -172,24 +172,6 @@ pub fn prepare(
         t0 += part;
     }
     Ok(())
-}
-
-/// The params of tokens `t0 .. t0 + n` of a dispatch whose params are `whole`: every offset
-/// moved to token `t0`.
-fn part_params(whole: &GatedDeltaParams, t0: u32, n: u32) -> Result<GatedDeltaParams> {
-    let at = |offset: u32, stride: u32| {
-        gated_delta::u32_of("offset", offset as u64 + t0 as u64 * stride as u64)
-    };
-    Ok(GatedDeltaParams {
-        n_tokens: n,
-        pos0: whole.pos0 + t0,
-        q_offset: at(whole.q_offset, whole.qkv_stride)?,
-        k_offset: at(whole.k_offset, whole.qkv_stride)?,
-        v_offset: at(whole.v_offset, whole.qkv_stride)?,
-        ba_offset: at(whole.ba_offset, whole.ba_stride)?,
-        out_offset: at(whole.out_offset, whole.out_stride)?,
-        ..*whole
-    })
 }
 
 /// One-off [`prepare`] at positions `pos0 + t` (tests).
