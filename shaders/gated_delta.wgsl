@@ -7,8 +7,10 @@
 //   S[i, j] += k[i] d[j]
 //   o[j]     = sum_i S[i, j] q[i] / sqrt(S)
 //   out[j]   = o[j] / sqrt(mean_j o^2 + norm_eps) * norm_w[j]
-// This is llama.cpp's recurrent form (ggml_gated_delta_net), exact for a batch of any length.
-// The caller multiplies by silu(z) (the GLU of the output projection).
+// This is llama.cpp's recurrent form (ggml_gated_delta_net), exact for a batch of any length;
+// the engine runs it for decode, and gated_delta_chunked.wgsl (the same function a chunk of
+// tokens at a time) for prefill batches. The caller multiplies by silu(z) (the GLU of the output
+// projection).
 //
 // The state is stored as llama.cpp stores it, transposed: row j holds column j of S, so an
 // invocation owning j reads and writes only its row, and the rows need no synchronisation. The
@@ -16,7 +18,9 @@
 // A batch starting at position 0 starts from a zero state (a new sequence).
 //
 // Defines (src/ops/gated_delta.rs): WG_SIZE, a power of two (the tree reduction halves it).
-// One workgroup per value head, 2-D grid.
+// One workgroup per value head, 2-D grid. A dispatch may cover part of a batch (p's offsets then
+// start at its first token): on a CPU adapter the host splits long batches to stay under
+// lavapipe's loop limit (src/ops/gated_delta.rs, tokens_per_dispatch).
 
 #include "gated_delta_decls.tmpl"
 
