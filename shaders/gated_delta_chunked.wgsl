@@ -17,10 +17,12 @@
 // out = o / sqrt(mean_j o^2 + norm_eps) * norm_w, as in the recurrent form.
 //
 // Work split: one workgroup per value head (2-D grid). Per chunk the workgroup shares the
-// normalised keys (CHUNK x HEAD_DIM) and A and B (one CHUNK x CHUNK array: B on and below the
-// diagonal, A transposed above it) in workgroup memory; then every invocation owns value
-// columns j (rows of the stored state, as in the recurrent form) and solves, outputs and
-// advances them alone, with d and o in private arrays. The barriers are per chunk, not per token.
+// normalised keys and queries (CHUNK x HEAD_DIM each) and A and B (one CHUNK x CHUNK array: B
+// on and below the diagonal, A transposed above it) in workgroup memory; then every invocation
+// owns value columns j (rows of the stored state, as in the recurrent form) and solves, outputs
+// and advances them alone, with d and o in private arrays. The barriers are per chunk, not per
+// token. Queries in workgroup memory rather than read from qkv in the innermost loop: on
+// lavapipe 15-20 % faster, although the chunk is then 16 tokens instead of 32 at heads of 128.
 // o is written to dst before its norm; the norm of token r sums a row that other invocations
 // wrote, hence the storage barrier.
 //
@@ -32,6 +34,7 @@
 #include "gated_delta_decls.tmpl"
 
 var<workgroup> keys: array<f32, CHUNK * HEAD_DIM>;   // (CHUNK, S): k^ of the chunk's tokens
+var<workgroup> queries: array<f32, CHUNK * HEAD_DIM>; // (CHUNK, S): q^ of the chunk's tokens
 var<workgroup> mixes: array<f32, CHUNK * CHUNK>;     // [r, s]: B[r, s] (s <= r); [s, r]: A[r, s] (s < r)
 var<workgroup> tok_beta: array<f32, CHUNK>;          // beta
 var<workgroup> tok_lg: array<f32, CHUNK>;            // log decay, then 1 / rms of the output
@@ -95,6 +98,7 @@ fn gated_delta_chunked(
             let r = e / n;
             let i = e % n;
             keys[e] = qkv[p.k_offset + (c0 + r) * p.qkv_stride + hk * n + i] * tok_ik[r];
+            queries[e] = qkv[p.q_offset + (c0 + r) * p.qkv_stride + hk * n + i] * tok_iq[r];
         }
         workgroupBarrier();
         // A and B: the pairs s <= r of the chunk.
@@ -102,16 +106,15 @@ fn gated_delta_chunked(
             let r = e / nc;
             let s = e % nc;
             if s <= r {
-                let qb = p.q_offset + (c0 + r) * p.qkv_stride + hk * n;
                 var kk = 0.0;
                 var qk = 0.0;
                 for (var i = 0u; i < n; i++) {
                     let ks = keys[s * n + i];
                     kk += keys[r * n + i] * ks;
-                    qk += qkv[qb + i] * ks;
+                    qk += queries[r * n + i] * ks;
                 }
                 let decay = exp(tok_g[r] - tok_g[s]);
-                mixes[r * CHUNK + s] = decay * qk * tok_iq[r];
+                mixes[r * CHUNK + s] = decay * qk;
                 if s < r {
                     mixes[s * CHUNK + r] = tok_beta[r] * decay * kk;
                 }
@@ -123,7 +126,7 @@ fn gated_delta_chunked(
         for (var j = j0; j < n; j += WG_SIZE) {
             let row = rows + j * n;
             var d: array<f32, CHUNK>; // S0[:, j] . k^_r, then d[r, j]
-            var o: array<f32, CHUNK>; // S0[:, j] . q_r
+            var o: array<f32, CHUNK>; // S0[:, j] . q^_r
             for (var r = 0u; r < nc; r++) {
                 d[r] = 0.0;
                 o[r] = 0.0;
@@ -132,7 +135,7 @@ fn gated_delta_chunked(
                 let s0 = state[row + i];
                 for (var r = 0u; r < nc; r++) {
                     d[r] += s0 * keys[r * n + i];
-                    o[r] += s0 * qkv[p.q_offset + (c0 + r) * p.qkv_stride + hk * n + i];
+                    o[r] += s0 * queries[r * n + i];
                 }
             }
             for (var r = 0u; r < nc; r++) {
@@ -144,7 +147,7 @@ fn gated_delta_chunked(
                 d[r] = dr;
             }
             for (var r = 0u; r < nc; r++) {
-                var out_r = exp(tok_g[r]) * tok_iq[r] * o[r];
+                var out_r = exp(tok_g[r]) * o[r];
                 for (var s = 0u; s <= r; s++) {
                     out_r += mixes[r * CHUNK + s] * d[s];
                 }

@@ -64,7 +64,7 @@ gpu_test!(gated_delta_chunked_equals_the_recurrent_rule, async {
         (16, 3, 6, vec![(64, Chunked), (65, Chunked)]),
         (5, 1, 3, vec![(2, Recurrent), (9, Chunked), (1, Recurrent)]),
         (130, 1, 2, vec![(40, Chunked), (2, Recurrent), (3, Chunked)]),
-        // Qwen3.5's head size: chunks of 32 at 32 KiB of workgroup memory; on a CPU adapter 200
+        // Qwen3.5's head size: chunks of 16 at 32 KiB of workgroup memory; on a CPU adapter 200
         // tokens take several dispatches.
         (
             128,
