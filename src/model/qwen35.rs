@@ -67,9 +67,9 @@ impl DeltaWorkspace {
 /// Batches of at least this many tokens run the delta rule in its chunked form
 /// (`gated_delta_chunked`), smaller ones (decode) in the recurrent form
 /// (`Model::delta_chunked_min`). Measured with `cera bench-delta` (16 key and 16 value heads of
-/// 128, each form alone) on lavapipe: at 1 token the recurrent form is faster (11.6 against 14.3
-/// ms), from 2 tokens the chunked one (2: 25.9 / 22.2 ms, 8: 108 / 65, 32: 494 / 207, 112:
-/// 887 / 620).
+/// 128, each form alone) on lavapipe: at 1 token the recurrent form is faster (10.6 against 13.4
+/// ms), from 2 tokens the chunked one (2: 19.2 / 12.5 ms, 8: 61 / 31, 32: 241 / 119, 128:
+/// 1041 / 472); `docs/benchmarking.md` has the table and the commands for a GPU.
 pub const CHUNKED_MIN_TOKENS: u32 = 2;
 
 /// The shape `gated_delta` runs with.
