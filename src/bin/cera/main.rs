@@ -140,8 +140,9 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: cera adapter | cera selfcheck | cera inspect MODEL.gguf [--json] | cera load MODEL.gguf | {}",
-                bench_gemv::USAGE
+                "usage: cera adapter | cera selfcheck | cera inspect MODEL.gguf [--json] | cera load MODEL.gguf | {} | {}",
+                bench_gemv::USAGE,
+                bench_delta::USAGE
             );
             std::process::exit(2);
         }
