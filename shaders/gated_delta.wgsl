@@ -7,8 +7,10 @@
 //   S[i, j] += k[i] d[j]
 //   o[j]     = sum_i S[i, j] q[i] / sqrt(S)
 //   out[j]   = o[j] / sqrt(mean_j o^2 + norm_eps) * norm_w[j]
-// This is llama.cpp's recurrent form (ggml_gated_delta_net), exact for a batch of any length.
-// The caller multiplies by silu(z) (the GLU of the output projection).
+// This is llama.cpp's recurrent form (ggml_gated_delta_net), exact for a batch of any length;
+// the engine runs it for decode, and gated_delta_chunked.wgsl (the same function a chunk of
+// tokens at a time) for prefill batches. The caller multiplies by silu(z) (the GLU of the output
+// projection).
 //
 // The state is stored as llama.cpp stores it, transposed: row j holds column j of S, so an
 // invocation owning j reads and writes only its row, and the rows need no synchronisation. The
@@ -16,36 +18,11 @@
 // A batch starting at position 0 starts from a zero state (a new sequence).
 //
 // Defines (src/ops/gated_delta.rs): WG_SIZE, a power of two (the tree reduction halves it).
-// One workgroup per value head, 2-D grid.
+// One workgroup per value head, 2-D grid. A dispatch may cover part of a batch (p's offsets then
+// start at its first token): on a CPU adapter the host splits long batches to stay under
+// lavapipe's loop limit (src/ops/gated_delta.rs, tokens_per_dispatch).
 
-#include "common_decls.tmpl"
-
-struct GatedDeltaParams {
-    n_tokens: u32,
-    n_k_heads: u32,
-    n_v_heads: u32,
-    head_dim: u32,     // S: key and value head size
-    pos0: u32,         // added to step.pos0
-    qkv_stride: u32,   // elements between tokens in qkv
-    k_offset: u32,     // element index of k[0, 0] in a token's qkv row (q at 0)
-    v_offset: u32,     // element index of v[0, 0] in a token's qkv row
-    ba_offset: u32,    // element index of b[0, 0] in ba; a_in follows at + n_v_heads
-    ba_stride: u32,    // elements between tokens in ba
-    out_offset: u32,   // element index of out[0, 0, 0] in dst
-    out_stride: u32,   // elements between tokens in dst
-    eps: f32,          // the L2 norms' epsilon
-    norm_eps: f32,     // the output RMS norm's epsilon
-    pad0: u32,
-    pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: GatedDeltaParams;
-@group(0) @binding(1) var<storage, read> qkv: array<f32>;          // (T, qkv_stride): q (n_k, S) | k (n_k, S) | v (n_v, S)
-@group(0) @binding(2) var<storage, read> ba: array<f32>;           // (T, ba_stride): b (n_v) then a_in (n_v) from ba_offset
-@group(0) @binding(3) var<storage, read> head_w: array<f32>;       // (3, n_v): dt_bias, A, then norm_w (S) from 2 n_v
-@group(0) @binding(4) var<storage, read_write> state: array<f32>;  // (n_v, S, S): row j of head h = column j of S
-@group(0) @binding(5) var<storage, read_write> dst: array<f32>;    // (T, out_stride): out (n_v, S) from out_offset
-@group(0) @binding(6) var<storage, read> step: StepState;          // this step's positions
+#include "gated_delta_decls.tmpl"
 
 var<workgroup> red: array<vec2<f32>, WG_SIZE>;
 
@@ -90,7 +67,7 @@ fn gated_delta(
     let nv = p.n_v_heads;
     let scale = 1.0 / sqrt(f32(n));
     for (var t = 0u; t < p.n_tokens; t++) {
-        let qb = t * p.qkv_stride + hk * n;
+        let qb = p.q_offset + t * p.qkv_stride + hk * n;
         let kb = t * p.qkv_stride + p.k_offset + hk * n;
         let vb = t * p.qkv_stride + p.v_offset + h * n;
         var ss = vec2<f32>(0.0);
@@ -102,15 +79,9 @@ fn gated_delta(
         let tot = reduce2(lid, ss);
         let inv_q = 1.0 / sqrt(tot.x + p.eps);
         let inv_k = 1.0 / sqrt(tot.y + p.eps);
-        let bab = p.ba_offset + t * p.ba_stride;
-        let beta = 1.0 / (1.0 + exp(-ba[bab + h]));
-        // softplus as ggml computes it (the identity past 20).
-        let x = ba[bab + nv + h] + head_w[h];
-        var sp = x;
-        if x <= 20.0 {
-            sp = log(1.0 + exp(x));
-        }
-        let decay = exp(sp * head_w[nv + h]);
+        let gate = gates(t, h);
+        let beta = gate.x;
+        let decay = exp(gate.y);
         var oo = 0.0;
         let ob = p.out_offset + t * p.out_stride + h * n;
         for (var j = j0; j < n; j += WG_SIZE) {

@@ -134,6 +134,7 @@ fn compare(
 /// Every model three ways, each against llama.cpp's rows: all 24 tokens in one batch; a prefill
 /// in chunks of 5 (so later chunks attend to cells written by earlier passes, past gemma3's
 /// 8-token window); and one token per pass, the decode path (GEMV kernels, a plan for 1 token).
+/// Qwen3.5 a fourth: one batch with the delta rule's recurrent form.
 async fn check(name: &str) {
     let manifest: serde_json::Value = serde_json::from_str(MANIFEST).unwrap();
     let m = &manifest["models"][name];
@@ -147,7 +148,7 @@ async fn check(name: &str) {
     let bytes = fixture(m["model"].as_str().unwrap()).await;
     let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
     loader.push(&bytes).unwrap();
-    let model = Model::new(&ctx, loader.finish().unwrap()).await.unwrap();
+    let mut model = Model::new(&ctx, loader.finish().unwrap()).await.unwrap();
     let want: Vec<f32> = fixture(&format!("oracle/{}", m["logits"].as_str().unwrap()))
         .await
         .chunks_exact(4)
@@ -162,6 +163,16 @@ async fn check(name: &str) {
     ] {
         let ours = score_logits(&ctx, &model, &tokens, batch).await.unwrap();
         assert_eq!(ours.len(), want.len(), "{how}");
+        compare(name, how, m, &ours, &want, n_vocab, 0);
+    }
+    // Qwen3.5: the batches above run the delta rule's chunked form (batch 1 the recurrent one);
+    // the recurrent form over a whole batch, as a device without room for a chunk runs it.
+    if m["arch"] == "qwen35" {
+        model.delta_chunked_min = u32::MAX;
+        let how = "one batch, recurrent";
+        let ours = score_logits(&ctx, &model, &tokens, tokens.len() as u32)
+            .await
+            .unwrap();
         compare(name, how, m, &ours, &want, n_vocab, 0);
     }
 }
@@ -205,7 +216,8 @@ synthetic! {
 }
 
 // Qwen3.5 (gated delta-net hybrid): the conv and delta-rule states carried token to token
-// (batch 1) and across chunk boundaries (chunks of 5), the gated attention layers between them.
+// (batch 1, the recurrent form) and across chunk boundaries (chunks of 5, the chunked form), the
+// gated attention layers between them; one batch in each form of the delta rule.
 synthetic! {
     qwen35_f32 => "qwen35-F32", qwen35_q8_0 => "qwen35-Q8_0", qwen35_q4_0 => "qwen35-Q4_0", qwen35_q5_0 => "qwen35-Q5_0", qwen35_q4_k => "qwen35-Q4_K", qwen35_q6_k => "qwen35-Q6_K",
 }

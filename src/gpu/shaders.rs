@@ -43,8 +43,16 @@ pub const FILES: &[(&str, &str)] = &[
     ),
     ("ssm_conv.wgsl", include_str!("../../shaders/ssm_conv.wgsl")),
     (
+        "gated_delta_decls.tmpl",
+        include_str!("../../shaders/gated_delta_decls.tmpl"),
+    ),
+    (
         "gated_delta.wgsl",
         include_str!("../../shaders/gated_delta.wgsl"),
+    ),
+    (
+        "gated_delta_chunked.wgsl",
+        include_str!("../../shaders/gated_delta_chunked.wgsl"),
     ),
     ("softcap.wgsl", include_str!("../../shaders/softcap.wgsl")),
     (

@@ -90,6 +90,10 @@ pub struct Model {
     /// cache takes one by its context length ([`HParams::long_rope`]).
     ropes: Vec<LayerRopes>,
     rope_tables: Vec<RopeTable>,
+    /// Gated delta-net layers (Qwen3.5): batches of at least this many tokens run the delta
+    /// rule's chunked form, smaller ones (decode) the recurrent one
+    /// ([`qwen35::CHUNKED_MIN_TOKENS`]; a plan reads it when it is prepared).
+    pub delta_chunked_min: u32,
 }
 
 /// The rope of each layer for one context class.
@@ -301,6 +305,7 @@ impl Model {
             output_norm,
             ropes,
             rope_tables,
+            delta_chunked_min: qwen35::CHUNKED_MIN_TOKENS,
         })
     }
 

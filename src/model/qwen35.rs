@@ -20,6 +20,7 @@ use crate::kv::KvCache;
 use crate::model::hparams::HParams;
 use crate::model::names::LayerTensor as T;
 use crate::ops::gated_delta::{self, DeltaShape, GatedDeltaBuffers};
+use crate::ops::gated_delta_chunked;
 use crate::ops::glu::Activation;
 use crate::ops::ssm_conv::{self, SsmConvBuffers};
 
@@ -62,6 +63,14 @@ impl DeltaWorkspace {
         })
     }
 }
+
+/// Batches of at least this many tokens run the delta rule in its chunked form
+/// (`gated_delta_chunked`), smaller ones (decode) in the recurrent form
+/// (`Model::delta_chunked_min`). Measured with `cera bench-delta` (16 key and 16 value heads of
+/// 128, each form alone) on lavapipe: at 1 token the recurrent form is faster (10.6 against 13.4
+/// ms), from 2 tokens the chunked one (2: 19.2 / 12.5 ms, 8: 61 / 31, 32: 241 / 119, 128:
+/// 1041 / 472); `docs/benchmarking.md` has the table and the commands for a GPU.
+pub const CHUNKED_MIN_TOKENS: u32 = 2;
 
 /// The shape `gated_delta` runs with.
 pub(super) fn delta_shape(hp: &HParams) -> DeltaShape {
@@ -256,7 +265,12 @@ impl Model {
             out_offset: vd,
             out_stride: 2 * vd,
         };
-        gated_delta::prepare(rec, &db, &delta_shape(hp), n, 0, step)?;
+        let shape = delta_shape(hp);
+        if n >= self.delta_chunked_min && gated_delta_chunked::supported(rec.ctx, shape.head_dim) {
+            gated_delta_chunked::prepare(rec, &db, &shape, n, 0, step)?;
+        } else {
+            gated_delta::prepare(rec, &db, &shape, n, 0, step)?;
+        }
         // y = (silu(z) * o) W_out                                                  (n, n_embd)
         kernels::glu_down(rec, self.w(&delta.out), &dws.zy, &ws.o, n, Activation::Silu)?;
         self.plan_ffn_block(rec, ws, l, n)

@@ -1,8 +1,9 @@
 //! `gated_delta`: the gated delta rule of a gated delta-net layer (Qwen3.5), in its recurrent
-//! form token by token (exact for any batch), with the L2 norms of q and k, the gates from the
-//! beta/alpha projections, and the output's RMS norm (see `shaders/gated_delta.wgsl`). Each
-//! value head keeps an `S x S` state per layer, advanced by the dispatch; a batch at position 0
-//! starts from zeros.
+//! form token by token (exact for any batch; the decode path), with the L2 norms of q and k, the
+//! gates from the beta/alpha projections, and the output's RMS norm (see
+//! `shaders/gated_delta.wgsl`). Each value head keeps an `S x S` state per layer, advanced by the
+//! dispatch; a batch at position 0 starts from zeros. The params, buffers, checks and the CPU
+//! reference here serve the chunked form too (`gated_delta_chunked`, prefill).
 
 use std::mem::offset_of;
 
@@ -27,7 +28,7 @@ pub struct GatedDeltaParams {
     pub head_dim: u32,
     /// Added to the step's `pos0`.
     pub pos0: u32,
-    /// Elements between tokens in `qkv`; k's and v's first element in a token's row (q at 0).
+    /// Elements between tokens in `qkv`; k's and v's first element (of the first token).
     pub qkv_stride: u32,
     pub k_offset: u32,
     pub v_offset: u32,
@@ -39,10 +40,12 @@ pub struct GatedDeltaParams {
     pub out_stride: u32,
     pub eps: f32,
     pub norm_eps: f32,
+    /// q's first element in `qkv` (k's and v's offsets also count from the first token).
+    pub q_offset: u32,
     pub pad0: u32,
-    pub pad1: u32,
 }
 
+/// `GatedDeltaParams` is declared once for both forms, in `shaders/gated_delta_decls.tmpl`.
 impl WgslParams for GatedDeltaParams {
     const WGSL_NAME: &'static str = "GatedDeltaParams";
     const SHADER: &'static str = SHADER;
@@ -61,8 +64,8 @@ impl WgslParams for GatedDeltaParams {
         ("out_stride", offset_of!(GatedDeltaParams, out_stride)),
         ("eps", offset_of!(GatedDeltaParams, eps)),
         ("norm_eps", offset_of!(GatedDeltaParams, norm_eps)),
+        ("q_offset", offset_of!(GatedDeltaParams, q_offset)),
         ("pad0", offset_of!(GatedDeltaParams, pad0)),
-        ("pad1", offset_of!(GatedDeltaParams, pad1)),
     ];
 }
 
@@ -131,31 +134,26 @@ pub struct GatedDeltaBuffers<'a> {
     pub out_stride: u64,
 }
 
-fn u32_of(what: &str, v: u64) -> Result<u32> {
+pub(crate) fn u32_of(what: &str, v: u64) -> Result<u32> {
     u32::try_from(v)
         .map_err(|_| Error::invalid(format!("gated_delta: {what} = {v} does not fit in u32")))
 }
 
-/// Prepare the dispatch for `n_tokens` at positions `step.pos0 + pos0 + t`.
-pub fn prepare(
-    rec: &mut Recorder,
+/// Check the shape and buffers of a dispatch of `n_tokens` at positions `step.pos0 + pos0 + t`
+/// and build its params (both forms).
+pub(crate) fn checked_params(
     b: &GatedDeltaBuffers,
     shape: &DeltaShape,
     n_tokens: u32,
     pos0: u32,
-    step: &wgpu::Buffer,
-) -> Result<()> {
-    let ctx = rec.ctx;
-    if n_tokens == 0 {
-        return Ok(());
-    }
+) -> Result<GatedDeltaParams> {
     let (s, hk, hv) = (shape.head_dim, shape.n_k_heads, shape.n_v_heads);
     if s == 0 || hk == 0 || hv == 0 || hv % hk != 0 {
         return Err(Error::invalid(format!(
             "gated_delta: {hk} key heads, {hv} value heads (a multiple), head size {s}"
         )));
     }
-    let n = n_tokens as u64;
+    let n = n_tokens.max(1) as u64;
     let (s64, hv64) = (s as u64, hv as u64);
     let row = shape.qkv_dim();
     if b.qkv_stride < row || b.ba_stride < 2 * hv64 || b.out_stride < hv64 * s64 {
@@ -179,8 +177,7 @@ pub fn prepare(
             "gated_delta: a buffer is smaller than its shape",
         ));
     }
-    let pipe = ctx.pipeline(&key(workgroup_size(ctx, s)))?;
-    let params = GatedDeltaParams {
+    Ok(GatedDeltaParams {
         n_tokens,
         n_k_heads: hk,
         n_v_heads: hv,
@@ -195,42 +192,94 @@ pub fn prepare(
         out_stride: u32_of("out stride", b.out_stride)?,
         eps: shape.eps,
         norm_eps: shape.norm_eps,
-        ..Default::default()
+        q_offset: 0,
+        pad0: 0,
+    })
+}
+
+/// The bind group entries of either form (`shaders/gated_delta_decls.tmpl`).
+pub(crate) fn entries<'a>(
+    ubuf: &'a wgpu::Buffer,
+    b: &GatedDeltaBuffers<'a>,
+    step: &'a wgpu::Buffer,
+) -> [wgpu::BindGroupEntry<'a>; 7] {
+    let entry = |binding: u32, buf: &'a wgpu::Buffer| wgpu::BindGroupEntry {
+        binding,
+        resource: buf.as_entire_binding(),
     };
-    let grid = grid_2d(hv64, ctx.limits.max_compute_workgroups_per_dimension)?;
+    [
+        entry(0, ubuf),
+        entry(1, b.qkv),
+        entry(2, b.ba),
+        entry(3, b.head_w),
+        entry(4, b.state),
+        entry(5, b.out),
+        entry(6, step),
+    ]
+}
+
+/// The params of tokens `t0 .. t0 + n` of a dispatch whose params are `whole`: every offset
+/// moved to token `t0` (a batch split into several dispatches).
+pub(crate) fn part_params(whole: &GatedDeltaParams, t0: u32, n: u32) -> Result<GatedDeltaParams> {
+    let at = |offset: u32, stride: u32| u32_of("offset", offset as u64 + t0 as u64 * stride as u64);
+    Ok(GatedDeltaParams {
+        n_tokens: n,
+        pos0: whole.pos0 + t0,
+        q_offset: at(whole.q_offset, whole.qkv_stride)?,
+        k_offset: at(whole.k_offset, whole.qkv_stride)?,
+        v_offset: at(whole.v_offset, whole.qkv_stride)?,
+        ba_offset: at(whole.ba_offset, whole.ba_stride)?,
+        out_offset: at(whole.out_offset, whole.out_stride)?,
+        ..*whole
+    })
+}
+
+/// Tokens one dispatch may walk: all on a GPU; on a CPU adapter as many as stay under
+/// lavapipe's limit of 65535 loop iterations per invocation in total (`shaders/attention.wgsl`,
+/// LOOP_NOTE; with a margin, as `gated_delta_chunked::CPU_MAX_ITERATIONS`): heads of 128 went
+/// wrong from the 120th token of one dispatch. Per token an invocation runs the two reductions
+/// (`log2(wg) + 1` each), the norms' loop, and per owned row two loops over the row.
+pub fn tokens_per_dispatch(ctx: &GpuContext, head_dim: u32) -> u32 {
+    if !crate::ops::matmul::is_cpu_adapter(ctx) {
+        return u32::MAX;
+    }
+    let wg = workgroup_size(ctx, head_dim) as u64;
+    let (n, rows) = (head_dim as u64, (head_dim as u64).div_ceil(wg));
+    let log2 = 63 - wg.leading_zeros() as u64;
+    let per_token = 2 * (log2 + 2) + rows * (2 * n + 4) + rows + 2;
+    let budget = super::gated_delta_chunked::CPU_MAX_ITERATIONS - rows * (n + 1);
+    (budget / per_token).clamp(1, u32::MAX as u64) as u32
+}
+
+/// Prepare the dispatch for `n_tokens` at positions `step.pos0 + pos0 + t` (on a CPU adapter,
+/// dispatches of [`tokens_per_dispatch`] tokens in order).
+pub fn prepare(
+    rec: &mut Recorder,
+    b: &GatedDeltaBuffers,
+    shape: &DeltaShape,
+    n_tokens: u32,
+    pos0: u32,
+    step: &wgpu::Buffer,
+) -> Result<()> {
+    let ctx = rec.ctx;
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    let params = checked_params(b, shape, n_tokens, pos0)?;
+    let pipe = ctx.pipeline(&key(workgroup_size(ctx, shape.head_dim)))?;
+    let grid = grid_2d(
+        shape.n_v_heads as u64,
+        ctx.limits.max_compute_workgroups_per_dimension,
+    )?;
     let label = pipe.key.label();
-    let ubuf = rec.uniform(&label, &params);
-    let entries = [
-        wgpu::BindGroupEntry {
-            binding: 0,
-            resource: ubuf.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 1,
-            resource: b.qkv.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 2,
-            resource: b.ba.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 3,
-            resource: b.head_w.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 4,
-            resource: b.state.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 5,
-            resource: b.out.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 6,
-            resource: step.as_entire_binding(),
-        },
-    ];
-    rec.push("gated_delta", &pipe, &entries, grid);
+    let per_dispatch = tokens_per_dispatch(ctx, shape.head_dim);
+    let mut t0 = 0u32;
+    while t0 < n_tokens {
+        let part = per_dispatch.min(n_tokens - t0);
+        let ubuf = rec.uniform(&label, &part_params(&params, t0, part)?);
+        rec.push("gated_delta", &pipe, &entries(&ubuf, b, step), grid);
+        t0 += part;
+    }
     Ok(())
 }
 

@@ -7,6 +7,7 @@ pub mod attention_split;
 pub mod elementwise;
 pub mod embed;
 pub mod gated_delta;
+pub mod gated_delta_chunked;
 pub mod gemm;
 pub mod glu;
 pub mod kv_shift;
@@ -62,6 +63,7 @@ pub fn all_variants() -> Vec<Variant> {
     v.extend(short_conv::variants());
     v.extend(ssm_conv::variants());
     v.extend(gated_delta::variants());
+    v.extend(gated_delta_chunked::variants());
     v.extend(softcap::variants());
     v
 }

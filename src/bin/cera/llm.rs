@@ -22,7 +22,9 @@ pub fn usage() -> &'static str {
      \x20             [--json-schema FILE | --json-object | --grammar FILE.gbnf|FILE.lark | --regex R]\n\
      cera tokenize --model M.gguf --text TEXT [--no-parse-special]\n\
      cera score    --model M.gguf --tokens 2,818,5279,... [--batch N]\n\
-     cera bench    --model M.gguf [--prompt-tokens 256] [--gen-tokens 128] [--runs 3] [--profile]"
+     cera bench    --model M.gguf [--prompt-tokens 256] [--gen-tokens 128] [--runs 3] [--profile]\n\
+                   [--delta-chunked-min N]   (Qwen3.5: batches of N tokens or more run the chunked\n\
+                                              delta rule; a huge N keeps every batch recurrent)"
 }
 
 /// The flags each command accepts: `(name, takes a value)`. Anything else is refused with the
@@ -56,6 +58,7 @@ fn accepted(cmd: &str) -> &'static [(&'static str, bool)] {
             ("gen-tokens", true),
             ("runs", true),
             ("profile", false),
+            ("delta-chunked-min", true),
         ],
         _ => &[],
     }
@@ -298,7 +301,12 @@ pub fn score_cmd(f: &Flags) -> Result<()> {
 }
 
 pub fn bench(f: &Flags) -> Result<()> {
-    let (ctx, opened) = open_model(f.str("model")?)?;
+    let (ctx, mut opened) = open_model(f.str("model")?)?;
+    if let Some(min) = f.num_opt::<u32>("delta-chunked-min")? {
+        Arc::get_mut(&mut opened.model)
+            .ok_or_else(|| Error::internal("the model is shared before the bench"))?
+            .delta_chunked_min = min;
+    }
     let (model, tok) = (&opened.model, &opened.tok);
     let n_prompt = f.num("prompt-tokens", 256u32)?;
     let n_gen = f.num("gen-tokens", 128u32)?;

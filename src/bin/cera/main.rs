@@ -1,11 +1,14 @@
 //! `cera`: the native command line. `cera adapter` shows the GPU and its limits; `cera selfcheck`
 //! runs the kv_shift check against the CPU reference; `cera inspect MODEL.gguf` prints metadata,
 //! tensors, bytes per quant type and the GPU memory plan; `cera load MODEL.gguf` times a load;
-//! `cera bench-gemv` prints GEMV bandwidth per weight type and shape beside a plain copy's.
+//! `cera bench-gemv` prints GEMV bandwidth per weight type and shape beside a plain copy's;
+//! `cera bench-delta` times the gated delta rule's recurrent and chunked forms.
 
 #[cfg(target_arch = "wasm32")]
 fn main() {}
 
+#[cfg(not(target_arch = "wasm32"))]
+mod bench_delta;
 #[cfg(not(target_arch = "wasm32"))]
 mod bench_gemm;
 #[cfg(not(target_arch = "wasm32"))]
@@ -113,6 +116,17 @@ fn main() {
                 });
             }
         }
+        Some("bench-delta") => {
+            let ctx = open();
+            if let Err(e) = bench_delta::run(&ctx, &args[2..]) {
+                eprintln!("error: {e}");
+                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument {
+                    2
+                } else {
+                    1
+                });
+            }
+        }
         Some("bench-gemv") => {
             let ctx = open();
             if let Err(e) = bench_gemv::run(&ctx, &args[2..]) {
@@ -126,8 +140,9 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: cera adapter | cera selfcheck | cera inspect MODEL.gguf [--json] | cera load MODEL.gguf | {}",
-                bench_gemv::USAGE
+                "usage: cera adapter | cera selfcheck | cera inspect MODEL.gguf [--json] | cera load MODEL.gguf | {} | {}",
+                bench_gemv::USAGE,
+                bench_delta::USAGE
             );
             std::process::exit(2);
         }
