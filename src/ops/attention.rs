@@ -374,7 +374,8 @@ pub fn simple_iterations(p: &AttentionParams) -> u64 {
     cells * per_cell + cells.div_ceil(SCHUNK as u64) * hd2 + 2 * hd2
 }
 
-/// The pipeline key of a fitted shape; `head_dim` sizes the tiled shape's arrays (`HD2`).
+/// The pipeline key of a fitted shape; `head_dim` sizes the tiled shape's arrays and the
+/// cooperative shape's loops (`HD2`).
 pub fn key(cfg: AttentionConfig, head_dim: u32) -> PipelineKey {
     let k = PipelineKey::new(SHADER, ENTRY)
         .workgroup_size(cfg.workgroup_size)
@@ -390,6 +391,7 @@ pub fn key(cfg: AttentionConfig, head_dim: u32) -> PipelineKey {
     if cfg.cooperative {
         k.define("COOP", "")
             .define("GQ", format!("{}u", cfg.group.max(1)))
+            .define("HD2", format!("{}u", head_dim / 2))
     } else {
         k
     }
