@@ -275,9 +275,12 @@ impl MatmulConfig {
             let lanes =
                 |per_lane: u64| (items / per_lane).max(1).next_power_of_two().clamp(8, 32) as u32;
             let q8 = ty == GgmlType::Q8_0;
+            // Q5_K was not in the sweep that set the two rules below: it keeps one row a team
+            // and no row sharing under 65536 rows.
+            let swept = q8 || ty == GgmlType::Q4K;
             let (tpr, nr) = if rows >= 65536 || (q8 && rows >= 16384) {
                 (lanes(8), 4)
-            } else if rows >= 2048 {
+            } else if swept && rows >= 2048 {
                 (lanes(1), 4)
             } else if q8 && rows >= 1024 {
                 (lanes(1), 2)
@@ -289,7 +292,8 @@ impl MatmulConfig {
             let teams = (wg / tpr) as u64;
             let row_groups = rows.div_ceil(teams * nr as u64);
             let mut ks = 1u64;
-            while ks < teams
+            while swept
+                && ks < teams
                 && row_groups * ks < gemv_min_workgroups()
                 && cols / (tpr as u64 * ks * 2) >= 64
             {
