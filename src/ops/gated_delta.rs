@@ -271,13 +271,38 @@ pub fn prepare(
         shape.n_v_heads as u64,
         ctx.limits.max_compute_workgroups_per_dimension,
     )?;
-    let label = pipe.key.label();
     let per_dispatch = tokens_per_dispatch(ctx, shape.head_dim);
+    push_parts(
+        rec,
+        "gated_delta",
+        &pipe,
+        b,
+        step,
+        &params,
+        per_dispatch,
+        grid,
+    )
+}
+
+/// Push `params`' tokens as dispatches of at most `per_dispatch` tokens, in order (each
+/// continues from the state the one before left): shared by both forms of the rule.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn push_parts(
+    rec: &mut Recorder,
+    kind: &'static str,
+    pipe: &std::sync::Arc<crate::gpu::CachedPipeline>,
+    b: &GatedDeltaBuffers,
+    step: &wgpu::Buffer,
+    params: &GatedDeltaParams,
+    per_dispatch: u32,
+    grid: [u32; 3],
+) -> Result<()> {
+    let label = pipe.key.label();
     let mut t0 = 0u32;
-    while t0 < n_tokens {
-        let part = per_dispatch.min(n_tokens - t0);
-        let ubuf = rec.uniform(&label, &part_params(&params, t0, part)?);
-        rec.push("gated_delta", &pipe, &entries(&ubuf, b, step), grid);
+    while t0 < params.n_tokens {
+        let part = per_dispatch.max(1).min(params.n_tokens - t0);
+        let ubuf = rec.uniform(&label, &part_params(params, t0, part)?);
+        rec.push(kind, pipe, &entries(&ubuf, b, step), grid);
         t0 += part;
     }
     Ok(())

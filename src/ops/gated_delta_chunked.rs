@@ -156,22 +156,17 @@ pub fn prepare(
         shape.n_v_heads as u64,
         ctx.limits.max_compute_workgroups_per_dimension,
     )?;
-    let label = pipe.key.label();
     let per_dispatch = cfg.chunk.saturating_mul(cfg.chunks_per_dispatch(ctx));
-    let mut t0 = 0u32;
-    while t0 < n_tokens {
-        let part = per_dispatch.min(n_tokens - t0);
-        let params = gated_delta::part_params(&whole, t0, part)?;
-        let ubuf = rec.uniform(&label, &params);
-        rec.push(
-            "gated_delta_chunked",
-            &pipe,
-            &gated_delta::entries(&ubuf, b, step),
-            grid,
-        );
-        t0 += part;
-    }
-    Ok(())
+    gated_delta::push_parts(
+        rec,
+        "gated_delta_chunked",
+        &pipe,
+        b,
+        step,
+        &whole,
+        per_dispatch,
+        grid,
+    )
 }
 
 /// One-off [`prepare`] at positions `pos0 + t` (tests).
