@@ -13,6 +13,8 @@
 //   BM, BN: the tile (multiples of TM and TN). BK: values of K per step (a multiple of 8, the
 //   decode run). TM, TN: rows and tokens per thread, 4 or 8; TM8 / TN8 are set when 8.
 //   WG_SIZE = (BM / TM) * (BN / TN).
+//   W_R2 .. W_R4, X_R2 .. X_R4: set when a thread loads 2 .. 4 runs of W (8 values) or of X
+//   (4 values) per K step (runs per step over WG_SIZE, rounded up).
 //
 // Workgroup memory holds both tiles transposed, K-major, so a thread's vec4 of rows (or of
 // tokens) at one k is one aligned vec4 load:
@@ -69,13 +71,22 @@ var<workgroup> xs: array<vec4<f32>, BK * BN4>; // (BK, BN) the X tile, k-major
 var<private> acc: array<vec4<f32>, TM / 4u * TN>;
 
 // ---------------------------------------------------------------------------------------------
-// Decoders: 8 consecutive values c .. c + 7 of the row starting at word rb (c a multiple of 8,
-// c < cols). Quantized runs never cross a 32-value block or a K-quant sub-block, so each run
-// needs one scale.
+// Decoders, in two halves so a step's loads can be issued a whole step before their values are
+// used (the prefetch of `gemm` below): fetch8(rb, c) only loads the words that hold values
+// c .. c + 7 of the row starting at word rb (c a multiple of 8, c < cols) into a Raw, and
+// decode8(raw, c) turns them into the 8 values. Quantized runs never cross a 32-value block or
+// a K-quant sub-block, so each run needs one scale. A Raw of zero words decodes to zeros in every
+// type (its scales are zero), which is what runs past the tile's edges hold.
 
 struct W8 {
     lo: vec4<f32>, // values c .. c + 3
     hi: vec4<f32>, // values c + 4 .. c + 7
+}
+
+// Up to 8 words; which word goes where is each type's own.
+struct Raw {
+    a: vec4<u32>,
+    b: vec4<u32>,
 }
 
 #include "quant_words.tmpl"
@@ -85,167 +96,215 @@ fn nibs(v: u32, high: bool) -> vec4<u32> {
     return select(nib_lo(v), nib_hi(v), high);
 }
 
+// The f16 of half `b & 1` of word v (legacy blocks keep two scales a word).
+fn half_of(v: u32, b: u32) -> f32 {
+    let h = unpack2x16float(v);
+    return select(h.x, h.y, (b & 1u) == 1u);
+}
+
 #ifdef TYPE_F32
 #define FLOAT_TYPE
-// Value c of the row (c < cols).
-fn value(rb: u32, c: u32) -> f32 {
-    return bitcast<f32>(w[rb + c]);
+// Words per run and the word of value c.
+const RUN_WORDS: u32 = 8u;
+fn word_of(c: u32) -> u32 {
+    return c;
 }
-fn dec8_full(rb: u32, c: u32) -> W8 {
-    let i = rb + c;
-    return W8(
-        bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u])),
-        bitcast<vec4<f32>>(vec4<u32>(w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u])),
-    );
+fn decode8(r: Raw, c: u32) -> W8 {
+    return W8(bitcast<vec4<f32>>(r.a), bitcast<vec4<f32>>(r.b));
 }
 #endif
 
 #ifdef TYPE_F16
 #define FLOAT_TYPE
-fn value(rb: u32, c: u32) -> f32 {
-    let h = unpack2x16float(w[rb + (c >> 1u)]);
-    return select(h.x, h.y, (c & 1u) == 1u);
-}
-fn dec8_full(rb: u32, c: u32) -> W8 {
-    let i = rb + (c >> 1u);
+#define HALF_WORDS
+fn decode8(r: Raw, c: u32) -> W8 {
     return W8(
-        vec4<f32>(unpack2x16float(w[i]), unpack2x16float(w[i + 1u])),
-        vec4<f32>(unpack2x16float(w[i + 2u]), unpack2x16float(w[i + 3u])),
+        vec4<f32>(unpack2x16float(r.a.x), unpack2x16float(r.a.y)),
+        vec4<f32>(unpack2x16float(r.a.z), unpack2x16float(r.a.w)),
     );
 }
 #endif
 
 #ifdef TYPE_BF16
 #define FLOAT_TYPE
+#define HALF_WORDS
 // bf16 is the high half of an f32: widening is a shift.
 fn bf16x2(v: u32) -> vec2<f32> {
     return vec2<f32>(bitcast<f32>(v << 16u), bitcast<f32>(v & 0xffff0000u));
 }
-fn value(rb: u32, c: u32) -> f32 {
-    let h = bf16x2(w[rb + (c >> 1u)]);
-    return select(h.x, h.y, (c & 1u) == 1u);
+fn decode8(r: Raw, c: u32) -> W8 {
+    return W8(vec4<f32>(bf16x2(r.a.x), bf16x2(r.a.y)), vec4<f32>(bf16x2(r.a.z), bf16x2(r.a.w)));
 }
-fn dec8_full(rb: u32, c: u32) -> W8 {
-    let i = rb + (c >> 1u);
-    return W8(vec4<f32>(bf16x2(w[i]), bf16x2(w[i + 1u])), vec4<f32>(bf16x2(w[i + 2u]), bf16x2(w[i + 3u])));
+#endif
+
+#ifdef HALF_WORDS
+// Two 16-bit values a word, value c in the low half when c is even.
+const RUN_WORDS: u32 = 4u;
+fn word_of(c: u32) -> u32 {
+    return c >> 1u;
 }
 #endif
 
 #ifdef FLOAT_TYPE
-// Float rows may end inside a run: values at and past `cols` are zero (their words belong to
-// the next row, or lie past the end of the buffer for the last one).
-fn dec8(rb: u32, c: u32) -> W8 {
+// Float rows may end inside a run: values at and past `cols` load as zero bits (their words
+// belong to the next row, or lie past the end of the buffer for the last one). c is even, so a
+// 16-bit word is whole, half (its low value only) or past the end.
+fn fetch8(rb: u32, c: u32) -> Raw {
+    let i = rb + word_of(c);
     if c + 8u <= p.cols {
-        return dec8_full(rb, c);
+        if RUN_WORDS == 8u {
+            return Raw(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]), vec4<u32>(w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u]));
+        }
+        return Raw(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]), vec4<u32>(0u));
     }
-    var v = array<f32, 8>();
-    for (var j = 0u; j < 8u; j++) {
-        if c + j < p.cols {
-            v[j] = value(rb, c + j);
+    var v = array<u32, 8>();
+    for (var j = 0u; j < RUN_WORDS; j++) {
+        let first = c + j * (8u / RUN_WORDS); // the first value in word j
+        if first < p.cols {
+            v[j] = w[i + j];
+            if RUN_WORDS == 4u && first + 1u >= p.cols {
+                v[j] = v[j] & 0xffffu;
+            }
         }
     }
-    return W8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+    return Raw(vec4<u32>(v[0], v[1], v[2], v[3]), vec4<u32>(v[4], v[5], v[6], v[7]));
 }
 #endif
 
 #ifdef TYPE_Q8_0
 // Quants: 8 words per block (i8); then the f16 scales, two per word.
-fn dec8(rb: u32, c: u32) -> W8 {
-    let d = half_at(rb + 8u * (p.cols / 32u), c / 32u);
+// Raw: a = (quants c .. c + 3, c + 4 .. c + 7, scale word).
+fn fetch8(rb: u32, c: u32) -> Raw {
     let q = rb + c / 4u;
-    return W8(d * i8x4(w[q]), d * i8x4(w[q + 1u]));
+    return Raw(vec4<u32>(w[q], w[q + 1u], w[rb + 8u * (p.cols / 32u) + (c / 64u)], 0u), vec4<u32>(0u));
+}
+fn decode8(r: Raw, c: u32) -> W8 {
+    let d = half_of(r.a.z, c / 32u);
+    return W8(d * i8x4(r.a.x), d * i8x4(r.a.y));
 }
 #endif
 
 // Q4_0, Q4_1: quants 4 words per block; byte j holds value j (low nibble) and j + 16 (high).
+// Raw: a = (two quant words, the scale word (Q4_0) or (d, m) word (Q4_1)).
 #ifdef TYPE_Q4_0
-fn dec8(rb: u32, c: u32) -> W8 {
+fn fetch8(rb: u32, c: u32) -> Raw {
     let b = c / 32u;
-    let o = c % 32u;
-    let d = half_at(rb + 4u * (p.cols / 32u), b);
-    let q = rb + 4u * b + (o % 16u) / 4u;
-    let high = o >= 16u;
-    return W8(d * (vec4<f32>(nibs(w[q], high)) - 8.0), d * (vec4<f32>(nibs(w[q + 1u], high)) - 8.0));
+    let q = rb + 4u * b + (c % 16u) / 4u;
+    return Raw(vec4<u32>(w[q], w[q + 1u], w[rb + 4u * (p.cols / 32u) + (b >> 1u)], 0u), vec4<u32>(0u));
+}
+fn decode8(r: Raw, c: u32) -> W8 {
+    let d = half_of(r.a.z, c / 32u);
+    let high = c % 32u >= 16u;
+    return W8(d * (vec4<f32>(nibs(r.a.x, high)) - 8.0), d * (vec4<f32>(nibs(r.a.y, high)) - 8.0));
 }
 #endif
 
 #ifdef TYPE_Q4_1
-// Then one (d, m) word per block.
-fn dec8(rb: u32, c: u32) -> W8 {
+fn fetch8(rb: u32, c: u32) -> Raw {
     let b = c / 32u;
-    let o = c % 32u;
-    let dm = unpack2x16float(w[rb + 4u * (p.cols / 32u) + b]);
-    let q = rb + 4u * b + (o % 16u) / 4u;
-    let high = o >= 16u;
-    return W8(dm.x * vec4<f32>(nibs(w[q], high)) + dm.y, dm.x * vec4<f32>(nibs(w[q + 1u], high)) + dm.y);
+    let q = rb + 4u * b + (c % 16u) / 4u;
+    return Raw(vec4<u32>(w[q], w[q + 1u], w[rb + 4u * (p.cols / 32u) + b], 0u), vec4<u32>(0u));
+}
+fn decode8(r: Raw, c: u32) -> W8 {
+    let dm = unpack2x16float(r.a.z);
+    let high = c % 32u >= 16u;
+    return W8(dm.x * vec4<f32>(nibs(r.a.x, high)) + dm.y, dm.x * vec4<f32>(nibs(r.a.y, high)) + dm.y);
 }
 #endif
 
 // Q5_0, Q5_1: 5 words per block (qh, then 4 of qs as in Q4_0). Bit j of qh is the 5th bit of
-// value j.
+// value j. Raw: a = (two quant words, scale or (d, m) word, qh).
 #ifdef TYPE_Q5_0
-fn dec8(rb: u32, c: u32) -> W8 {
+fn fetch8(rb: u32, c: u32) -> Raw {
     let b = c / 32u;
+    let q = rb + 5u * b + 1u + (c % 16u) / 4u;
+    return Raw(vec4<u32>(w[q], w[q + 1u], w[rb + 5u * (p.cols / 32u) + (b >> 1u)], w[rb + 5u * b]), vec4<u32>(0u));
+}
+fn decode8(r: Raw, c: u32) -> W8 {
     let o = c % 32u;
-    let d = half_at(rb + 5u * (p.cols / 32u), b);
-    let qh = w[rb + 5u * b];
-    let q = rb + 5u * b + 1u + (o % 16u) / 4u;
+    let d = half_of(r.a.z, c / 32u);
     let high = o >= 16u;
-    let lo = nibs(w[q], high) | (bits4(qh, o) << vec4<u32>(4u));
-    let hi = nibs(w[q + 1u], high) | (bits4(qh, o + 4u) << vec4<u32>(4u));
+    let lo = nibs(r.a.x, high) | (bits4(r.a.w, o) << vec4<u32>(4u));
+    let hi = nibs(r.a.y, high) | (bits4(r.a.w, o + 4u) << vec4<u32>(4u));
     return W8(d * (vec4<f32>(lo) - 16.0), d * (vec4<f32>(hi) - 16.0));
 }
 #endif
 
 #ifdef TYPE_Q5_1
-fn dec8(rb: u32, c: u32) -> W8 {
+fn fetch8(rb: u32, c: u32) -> Raw {
     let b = c / 32u;
+    let q = rb + 5u * b + 1u + (c % 16u) / 4u;
+    return Raw(vec4<u32>(w[q], w[q + 1u], w[rb + 5u * (p.cols / 32u) + b], w[rb + 5u * b]), vec4<u32>(0u));
+}
+fn decode8(r: Raw, c: u32) -> W8 {
     let o = c % 32u;
-    let dm = unpack2x16float(w[rb + 5u * (p.cols / 32u) + b]);
-    let qh = w[rb + 5u * b];
-    let q = rb + 5u * b + 1u + (o % 16u) / 4u;
+    let dm = unpack2x16float(r.a.z);
     let high = o >= 16u;
-    let lo = nibs(w[q], high) | (bits4(qh, o) << vec4<u32>(4u));
-    let hi = nibs(w[q + 1u], high) | (bits4(qh, o + 4u) << vec4<u32>(4u));
+    let lo = nibs(r.a.x, high) | (bits4(r.a.w, o) << vec4<u32>(4u));
+    let hi = nibs(r.a.y, high) | (bits4(r.a.w, o + 4u) << vec4<u32>(4u));
     return W8(dm.x * vec4<f32>(lo) + dm.y, dm.x * vec4<f32>(hi) + dm.y);
 }
 #endif
 
+#ifdef K_SCALES
+// (scale, min) of sub-block j from the block's three packed scale words, as ggml's
+// get_scale_min_k4 (quant_words.tmpl's scale_min_k4, on words already loaded).
+fn sbyte(s: vec3<u32>, k: u32) -> u32 {
+    return (s[k >> 2u] >> (8u * (k & 3u))) & 0xffu;
+}
+fn scale_min_w(s: vec3<u32>, j: u32) -> vec2<f32> {
+    if j < 4u {
+        return vec2<f32>(f32(sbyte(s, j) & 63u), f32(sbyte(s, j + 4u) & 63u));
+    }
+    let sc = (sbyte(s, j + 4u) & 15u) | ((sbyte(s, j - 4u) >> 6u) << 4u);
+    let m = (sbyte(s, j + 4u) >> 4u) | ((sbyte(s, j) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(m));
+}
+#endif
 
 #ifdef TYPE_Q4_K
 // Block: 36 words (d, dmin | 3 words of scales | 32 words of qs). Sub-block j (32 values) is in
 // the low nibbles (j even) or high nibbles (j odd) of qs words 8 * (j / 2) .. + 7.
-fn dec8(rb: u32, c: u32) -> W8 {
+// Raw: a = (two quant words, (d, dmin)), b = the three scale words.
+fn fetch8(rb: u32, c: u32) -> Raw {
     let bw = rb + 36u * (c / 256u);
     let j = (c % 256u) / 32u;
-    let o = c % 32u;
-    let dm = unpack2x16float(w[bw]);
-    let sm = scale_min_k4(bw, j);
+    let q = bw + 4u + 8u * (j / 2u) + (c % 32u) / 4u;
+    return Raw(vec4<u32>(w[q], w[q + 1u], w[bw], 0u), vec4<u32>(w[bw + 1u], w[bw + 2u], w[bw + 3u], 0u));
+}
+fn decode8(r: Raw, c: u32) -> W8 {
+    let j = (c % 256u) / 32u;
+    let dm = unpack2x16float(r.a.z);
+    let sm = scale_min_w(r.b.xyz, j);
     let d = dm.x * sm.x;
     let m = dm.y * sm.y;
-    let q = bw + 4u + 8u * (j / 2u) + o / 4u;
     let high = (j & 1u) == 1u;
-    return W8(d * vec4<f32>(nibs(w[q], high)) - m, d * vec4<f32>(nibs(w[q + 1u], high)) - m);
+    return W8(d * vec4<f32>(nibs(r.a.x, high)) - m, d * vec4<f32>(nibs(r.a.y, high)) - m);
 }
 #endif
 
 #ifdef TYPE_Q5_K
 // Block: 44 words (d, dmin | 3 of scales | 8 of qh | 32 of qs). qs as in Q4_K; bit j of qh byte
 // o is the 5th bit of value o of sub-block j.
-fn dec8(rb: u32, c: u32) -> W8 {
+// Raw: a = (two quant words, two qh words), b = ((d, dmin), the three scale words).
+fn fetch8(rb: u32, c: u32) -> Raw {
     let bw = rb + 44u * (c / 256u);
     let j = (c % 256u) / 32u;
     let o = c % 32u;
-    let dm = unpack2x16float(w[bw]);
-    let sm = scale_min_k4(bw, j);
-    let d = dm.x * sm.x;
-    let m = dm.y * sm.y;
     let q = bw + 12u + 8u * (j / 2u) + o / 4u;
     let h = bw + 4u + o / 4u;
+    return Raw(vec4<u32>(w[q], w[q + 1u], w[h], w[h + 1u]), vec4<u32>(w[bw], w[bw + 1u], w[bw + 2u], w[bw + 3u]));
+}
+fn decode8(r: Raw, c: u32) -> W8 {
+    let j = (c % 256u) / 32u;
+    let dm = unpack2x16float(r.b.x);
+    let sm = scale_min_w(r.b.yzw, j);
+    let d = dm.x * sm.x;
+    let m = dm.y * sm.y;
     let high = (j & 1u) == 1u;
     let sh = vec4<u32>(j);
-    let lo = nibs(w[q], high) | (((bytes4(w[h]) >> sh) & vec4<u32>(1u)) << vec4<u32>(4u));
-    let hi = nibs(w[q + 1u], high) | (((bytes4(w[h + 1u]) >> sh) & vec4<u32>(1u)) << vec4<u32>(4u));
+    let lo = nibs(r.a.x, high) | (((bytes4(r.a.z) >> sh) & vec4<u32>(1u)) << vec4<u32>(4u));
+    let hi = nibs(r.a.y, high) | (((bytes4(r.a.w) >> sh) & vec4<u32>(1u)) << vec4<u32>(4u));
     return W8(d * vec4<f32>(lo) - m, d * vec4<f32>(hi) - m);
 }
 #endif
@@ -255,80 +314,105 @@ fn dec8(rb: u32, c: u32) -> W8 {
 // h, quarter k, o < 32): its low 4 bits are in ql byte 64h + 32 (k & 1) + o (low nibble for
 // k < 2, high for k >= 2), its high 2 bits are bits 2k, 2k + 1 of qh byte 32h + o, its scale is
 // scales[8h + 2k + o / 16].
-fn dec8(rb: u32, c: u32) -> W8 {
+// Raw: a = (two ql words, two qh words), b = (the d word, the scale word).
+fn fetch8(rb: u32, c: u32) -> Raw {
     let bw = rb + 53u * (c / 256u);
     let v = c % 256u;
     let h = v / 128u;
     let k = (v % 128u) / 32u;
     let o = v % 32u;
-    let d = unpack2x16float(w[bw + 52u]).x;
     let si = 8u * h + 2u * k + o / 16u;
-    let sc = f32((bitcast<i32>(w[bw + 48u + (si >> 2u)]) << (24u - 8u * (si & 3u))) >> 24u);
-    let ds = d * sc;
     let l = bw + 16u * h + 8u * (k & 1u) + o / 4u;
     let qh = bw + 32u + 8u * h + o / 4u;
+    return Raw(vec4<u32>(w[l], w[l + 1u], w[qh], w[qh + 1u]), vec4<u32>(w[bw + 52u], w[bw + 48u + (si >> 2u)], 0u, 0u));
+}
+fn decode8(r: Raw, c: u32) -> W8 {
+    let v = c % 256u;
+    let k = (v % 128u) / 32u;
+    let si = 8u * (v / 128u) + 2u * k + (v % 32u) / 16u;
+    let d = unpack2x16float(r.b.x).x;
+    let sc = f32((bitcast<i32>(r.b.y) << (24u - 8u * (si & 3u))) >> 24u);
+    let ds = d * sc;
     let high = k >= 2u;
     let sh = vec4<u32>(2u * k);
-    let lo = nibs(w[l], high) | (((bytes4(w[qh]) >> sh) & vec4<u32>(3u)) << vec4<u32>(4u));
-    let hi = nibs(w[l + 1u], high) | (((bytes4(w[qh + 1u]) >> sh) & vec4<u32>(3u)) << vec4<u32>(4u));
+    let lo = nibs(r.a.x, high) | (((bytes4(r.a.z) >> sh) & vec4<u32>(3u)) << vec4<u32>(4u));
+    let hi = nibs(r.a.y, high) | (((bytes4(r.a.w) >> sh) & vec4<u32>(3u)) << vec4<u32>(4u));
     return W8(ds * (vec4<f32>(lo) - 32.0), ds * (vec4<f32>(hi) - 32.0));
 }
 #endif
 
 // ---------------------------------------------------------------------------------------------
+// Tile loads. W goes as BM * BK / 8 runs of 8 values (run i: row i % BM, values 8 * (i / BM) ..),
+// X as BN * BK / 4 runs of 4 (run i: token i % BN); thread lid takes runs lid, lid + WG_SIZE,
+// ... (W_RUNS and X_RUNS of them, the last ones possibly past the tile: empty). Consecutive
+// threads take consecutive rows (tokens), so their workgroup-memory stores are adjacent.
+// fetch_* only load (registers); put_* decode and store into the tiles.
 
-// Decode W[r0 .., k0 ..] and copy X[t0 .., k0 ..] into the tiles. W goes as BM * BK / 8 runs of
-// 8 values (run i: row i % BM, values 8 * (i / BM) ..), X as BN * BK / 4 runs of 4 (run i: token
-// i % BN); consecutive threads take consecutive rows (tokens), so their stores are adjacent.
-fn load_tiles(lid: u32, r0: u32, t0: u32, k0: u32) {
-    for (var i = lid; i < BM * BK / 8u; i += WG_SIZE) {
-        let m = i % BM;
-        let kk = 8u * (i / BM);
-        var v = W8(vec4<f32>(0.0), vec4<f32>(0.0));
-        if r0 + m < p.rows && k0 + kk < p.cols {
-            v = dec8((r0 + m) * p.row_words, k0 + kk);
-        }
-        let s = kk * BM4 + m / 4u;
-        let lane = m % 4u;
-        ws[s][lane] = v.lo.x;
-        ws[s + BM4][lane] = v.lo.y;
-        ws[s + 2u * BM4][lane] = v.lo.z;
-        ws[s + 3u * BM4][lane] = v.lo.w;
-        ws[s + 4u * BM4][lane] = v.hi.x;
-        ws[s + 5u * BM4][lane] = v.hi.y;
-        ws[s + 6u * BM4][lane] = v.hi.z;
-        ws[s + 7u * BM4][lane] = v.hi.w;
+const W_RUNS_ALL: u32 = BM * BK / 8u;
+const X_RUNS_ALL: u32 = BN * BK / 4u;
+
+fn fetch_w(i: u32, r0: u32, k0: u32) -> Raw {
+    let m = i % BM;
+    let c = k0 + 8u * (i / BM);
+    if i < W_RUNS_ALL && r0 + m < p.rows && c < p.cols {
+        return fetch8((r0 + m) * p.row_words, c);
     }
-    for (var i = lid; i < BN * BK / 4u; i += WG_SIZE) {
-        let n = i % BN;
-        let kk = 4u * (i / BN);
-        let c = k0 + kk;
-        var v = vec4<f32>(0.0);
-        if t0 + n < p.n_tokens {
-            let xb = p.x_offset + (t0 + n) * p.x_stride + c;
-            if c + 4u <= p.cols {
-                v = vec4<f32>(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]);
-            } else {
-                // A float row's tail: the X values past `cols` belong to the next token.
-                let n_in = p.cols - min(c, p.cols);
-                if n_in > 0u {
-                    v.x = x[xb];
-                }
-                if n_in > 1u {
-                    v.y = x[xb + 1u];
-                }
-                if n_in > 2u {
-                    v.z = x[xb + 2u];
-                }
+    return Raw(vec4<u32>(0u), vec4<u32>(0u));
+}
+
+fn put_w(i: u32, k0: u32, r: Raw) {
+    if i >= W_RUNS_ALL {
+        return;
+    }
+    let m = i % BM;
+    let kk = 8u * (i / BM);
+    let v = decode8(r, k0 + kk);
+    let s = kk * BM4 + m / 4u;
+    let lane = m % 4u;
+    ws[s][lane] = v.lo.x;
+    ws[s + BM4][lane] = v.lo.y;
+    ws[s + 2u * BM4][lane] = v.lo.z;
+    ws[s + 3u * BM4][lane] = v.lo.w;
+    ws[s + 4u * BM4][lane] = v.hi.x;
+    ws[s + 5u * BM4][lane] = v.hi.y;
+    ws[s + 6u * BM4][lane] = v.hi.z;
+    ws[s + 7u * BM4][lane] = v.hi.w;
+}
+
+fn fetch_x(i: u32, t0: u32, k0: u32) -> vec4<f32> {
+    let n = i % BN;
+    let c = k0 + 4u * (i / BN);
+    var v = vec4<f32>(0.0);
+    if i < X_RUNS_ALL && t0 + n < p.n_tokens && c < p.cols {
+        let xb = p.x_offset + (t0 + n) * p.x_stride + c;
+        if c + 4u <= p.cols {
+            v = vec4<f32>(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]);
+        } else {
+            // A float row's tail: the X values past `cols` belong to the next token.
+            let n_in = p.cols - c;
+            v.x = x[xb];
+            if n_in > 1u {
+                v.y = x[xb + 1u];
+            }
+            if n_in > 2u {
+                v.z = x[xb + 2u];
             }
         }
-        let s = kk * BN4 + n / 4u;
-        let lane = n % 4u;
-        xs[s][lane] = v.x;
-        xs[s + BN4][lane] = v.y;
-        xs[s + 2u * BN4][lane] = v.z;
-        xs[s + 3u * BN4][lane] = v.w;
     }
+    return v;
+}
+
+fn put_x(i: u32, v: vec4<f32>) {
+    if i >= X_RUNS_ALL {
+        return;
+    }
+    let n = i % BN;
+    let s = 4u * (i / BN) * BN4 + n / 4u;
+    let lane = n % 4u;
+    xs[s][lane] = v.x;
+    xs[s + BN4][lane] = v.y;
+    xs[s + 2u * BN4][lane] = v.z;
+    xs[s + 3u * BN4][lane] = v.w;
 }
 
 // acc[base + q] += a * b[q]: one vec4 of rows times four tokens.
@@ -366,6 +450,79 @@ fn store4(r0: u32, t0: u32, rslot: u32, tslot: u32, v0: vec4<f32>, v1: vec4<f32>
     }
 }
 
+// The runs a thread carries from one K step to the next: W_R2 .. W_R4 and X_R2 .. X_R4 are
+// defined when a thread has that many (src/ops/gemm.rs: at most 4 of each).
+struct Carry {
+    w0: Raw,
+#ifdef W_R2
+    w1: Raw,
+#endif
+#ifdef W_R3
+    w2: Raw,
+#endif
+#ifdef W_R4
+    w3: Raw,
+#endif
+    x0: vec4<f32>,
+#ifdef X_R2
+    x1: vec4<f32>,
+#endif
+#ifdef X_R3
+    x2: vec4<f32>,
+#endif
+#ifdef X_R4
+    x3: vec4<f32>,
+#endif
+}
+
+fn fetch_step(lid: u32, r0: u32, t0: u32, k0: u32) -> Carry {
+    var f: Carry;
+    f.w0 = fetch_w(lid, r0, k0);
+#ifdef W_R2
+    f.w1 = fetch_w(lid + WG_SIZE, r0, k0);
+#endif
+#ifdef W_R3
+    f.w2 = fetch_w(lid + 2u * WG_SIZE, r0, k0);
+#endif
+#ifdef W_R4
+    f.w3 = fetch_w(lid + 3u * WG_SIZE, r0, k0);
+#endif
+    f.x0 = fetch_x(lid, t0, k0);
+#ifdef X_R2
+    f.x1 = fetch_x(lid + WG_SIZE, t0, k0);
+#endif
+#ifdef X_R3
+    f.x2 = fetch_x(lid + 2u * WG_SIZE, t0, k0);
+#endif
+#ifdef X_R4
+    f.x3 = fetch_x(lid + 3u * WG_SIZE, t0, k0);
+#endif
+    return f;
+}
+
+fn put_step(lid: u32, k0: u32, f: Carry) {
+    put_w(lid, k0, f.w0);
+#ifdef W_R2
+    put_w(lid + WG_SIZE, k0, f.w1);
+#endif
+#ifdef W_R3
+    put_w(lid + 2u * WG_SIZE, k0, f.w2);
+#endif
+#ifdef W_R4
+    put_w(lid + 3u * WG_SIZE, k0, f.w3);
+#endif
+    put_x(lid, f.x0);
+#ifdef X_R2
+    put_x(lid + WG_SIZE, f.x1);
+#endif
+#ifdef X_R3
+    put_x(lid + 2u * WG_SIZE, f.x2);
+#endif
+#ifdef X_R4
+    put_x(lid + 3u * WG_SIZE, f.x3);
+#endif
+}
+
 @compute @workgroup_size(WG_SIZE)
 fn gemm(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -383,9 +540,14 @@ fn gemm(
     let tx = lid % TX;
     let ty = lid / TX;
     acc = array<vec4<f32>, TM / 4u * TN>();
+    // Each step's words are loaded during the step before, while that step multiplies: a
+    // workgroup no longer waits a memory round trip per step with nothing to do. (Small
+    // matrices have about one workgroup per core, so no other workgroup hides that wait.)
+    var next = fetch_step(lid, r0, t0, 0u);
     for (var k0 = 0u; k0 < p.cols; k0 += BK) {
-        load_tiles(lid, r0, t0, k0);
+        put_step(lid, k0, next);
         workgroupBarrier();
+        next = fetch_step(lid, r0, t0, k0 + BK);
         for (var k = 0u; k < BK; k++) {
             let a0 = ws[k * BM4 + tx];
             let b0 = xs[k * BN4 + ty];

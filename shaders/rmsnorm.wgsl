@@ -13,8 +13,9 @@
 //     bindings, and as read-only plus writable, in one dispatch).
 //   X_ACCESS: read or read_write (read_write with ADD or OUT_IS_X).
 //   KEEP: each thread keeps its values (KEEP = ceil(row_len / WG_SIZE) of them) in registers
-//     between the sum of squares and the scaling, and loads them in one unrolled loop (all its
-//     loads in flight at once). Without it a thread walks its values in a strided loop twice,
+//     between the sum of squares and the scaling, and loads them (x, the addend, the weights)
+//     in loops holding nothing but loads (all in flight at once; see the kernel for why no
+//     store may sit between them). Without it a thread walks its values in a strided loop twice,
 //     one load after another, re-reading what it wrote: a latency chain that made one 4096-value
 //     norm take about 21 us on an H200 (the host sets KEEP where it is at most 32).
 // The sum of squares accumulates in f32: a per-thread strided partial sum, then a tree
@@ -93,26 +94,64 @@ fn rmsnorm(
     workgroupBarrier(); // every thread has read red[0] before it is reused
 #endif
 #ifdef KEEP
+    // Every load first, in loops with no store between them: a store to a storage buffer may
+    // alias any later load (the compiler cannot tell the bindings apart), so a loop that wrote
+    // x back as it went waited one memory round trip per value (about 18 us for a 4096-value
+    // norm on an H200). The stores come after, into the elements this thread read.
     var kx: array<f32, KEEP>;
-    var ss = 0.0;
     for (var k = 0u; k < KEEP; k++) {
         let i = lid + k * WG_SIZE;
-        var v = 0.0;
         if live && i < p.row_len {
-#ifdef ADD
-#ifdef ADD_NORM
-            v = x[xb + i] + add[ab + i] * add_mul * w_add[i];
-#else
-            v = x[xb + i] + add[ab + i] * add_mul;
-#endif
-            x[xb + i] = v;
-#else
-            v = x[xb + i];
-#endif
+            kx[k] = x[xb + i];
         }
-        kx[k] = v;
-        ss += v * v;
     }
+#ifdef ADD
+    var ka: array<f32, KEEP>;
+    for (var k = 0u; k < KEEP; k++) {
+        let i = lid + k * WG_SIZE;
+        if live && i < p.row_len {
+            ka[k] = add[ab + i];
+        }
+    }
+#endif
+#ifdef ADD_NORM
+    var kwa: array<f32, KEEP>;
+    for (var k = 0u; k < KEEP; k++) {
+        let i = lid + k * WG_SIZE;
+        if live && i < p.row_len {
+            kwa[k] = w_add[i];
+        }
+    }
+#endif
+#ifdef WEIGHT
+    // The weights too, so their loads are in flight during the reduction.
+    var kw: array<f32, KEEP>;
+    for (var k = 0u; k < KEEP; k++) {
+        let i = lid + k * WG_SIZE;
+        if live && i < p.row_len {
+            kw[k] = w[p.w_offset + i];
+        }
+    }
+#endif
+    var ss = 0.0;
+    for (var k = 0u; k < KEEP; k++) {
+#ifdef ADD_NORM
+        kx[k] = kx[k] + ka[k] * add_mul * kwa[k];
+#else
+#ifdef ADD
+        kx[k] = kx[k] + ka[k] * add_mul;
+#endif
+#endif
+        ss += kx[k] * kx[k];
+    }
+#ifdef ADD
+    for (var k = 0u; k < KEEP; k++) {
+        let i = lid + k * WG_SIZE;
+        if live && i < p.row_len {
+            x[xb + i] = kx[k];
+        }
+    }
+#endif
 #else
     var ss = 0.0;
     if live {
@@ -151,7 +190,7 @@ fn rmsnorm(
         let i = lid + k * WG_SIZE;
         if i < p.row_len {
 #ifdef WEIGHT
-            store(ob + i, kx[k] * inv * w[p.w_offset + i]);
+            store(ob + i, kx[k] * inv * kw[k]);
 #else
             store(ob + i, kx[k] * inv);
 #endif

@@ -122,6 +122,20 @@ impl GemmConfig {
         (self.bm / self.tm) * (self.bn / self.tn)
     }
 
+    /// Runs of W (8 values) and of X (4 values) each thread loads per K step, rounded up. A
+    /// thread holds the next step's runs in registers while the current step multiplies, so
+    /// the shader has a slot for each: at most [`Self::MAX_RUNS`].
+    pub const fn runs_per_thread(&self) -> (u32, u32) {
+        let wg = self.workgroup_size();
+        (
+            (self.bm * self.bk / 8).div_ceil(wg),
+            (self.bn * self.bk / 4).div_ceil(wg),
+        )
+    }
+
+    /// The most runs of W or X a thread may carry between K steps (the shader's slots).
+    pub const MAX_RUNS: u32 = 4;
+
     /// Bytes of workgroup memory (the two f32 tiles).
     pub const fn storage_bytes(&self) -> u32 {
         (self.bm + self.bn) * self.bk * 4
@@ -221,6 +235,13 @@ impl GemmConfig {
         }
         if self.bk == 0 || !self.bk.is_multiple_of(8) {
             return bad("bk must be a positive multiple of 8 (the decode run)".into());
+        }
+        let (w_runs, x_runs) = self.runs_per_thread();
+        if w_runs.max(x_runs) > Self::MAX_RUNS {
+            return bad(format!(
+                "each thread would load {w_runs} runs of W and {x_runs} of X per step; the shader carries at most {}",
+                Self::MAX_RUNS
+            ));
         }
         let wg = self.workgroup_size();
         if wg > limits.max_compute_invocations_per_workgroup
@@ -334,6 +355,15 @@ pub fn key(ty: GgmlType, cfg: GemmConfig) -> Result<PipelineKey> {
     }
     if cfg.tn == 8 {
         k = k.define("TN8", "");
+    }
+    let (w_runs, x_runs) = cfg.runs_per_thread();
+    for n in 2..=4 {
+        if w_runs >= n {
+            k = k.define(&format!("W_R{n}"), "");
+        }
+        if x_runs >= n {
+            k = k.define(&format!("X_R{n}"), "");
+        }
     }
     Ok(k)
 }
