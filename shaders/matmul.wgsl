@@ -178,14 +178,16 @@ fn prenorm(lid: u32, g: u32) {
             pre_out[i + 3u] = v.w;
         }
 #endif
-        xw4[i4] = v;
         ss += dot(v, v);
+        // The weight is loaded here, beside x, not in the loop below: each loop that loads
+        // from memory adds a round trip to every workgroup's start.
+        let iw = 4u * i4;
+        xw4[i4] = v * vec4<f32>(pre_w[iw], pre_w[iw + 1u], pre_w[iw + 2u], pre_w[iw + 3u]);
     }
     let inv = 1.0 / sqrt(pre_sum(ss, lid) / n + p.pre_eps);
     // Each invocation rescales only the entries it wrote: no barrier before, one after.
     for (var i4 = lid; i4 < n4; i4 += WG_SIZE) {
-        let i = 4u * i4;
-        xw4[i4] = xw4[i4] * inv * vec4<f32>(pre_w[i], pre_w[i + 1u], pre_w[i + 2u], pre_w[i + 3u]);
+        xw4[i4] = xw4[i4] * inv;
     }
     workgroupBarrier();
 }

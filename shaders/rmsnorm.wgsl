@@ -12,12 +12,16 @@
 //     once and out writes through it (WebGPU forbids binding one buffer as two writable
 //     bindings, and as read-only plus writable, in one dispatch).
 //   X_ACCESS: read or read_write (read_write with ADD or OUT_IS_X).
-//   KEEP: each thread keeps its values (KEEP = ceil(row_len / WG_SIZE) of them) in registers
-//     between the sum of squares and the scaling, and loads them (x, the addend, the weights)
-//     in loops holding nothing but loads (all in flight at once; see the kernel for why no
-//     store may sit between them). Without it a thread walks its values in a strided loop twice,
-//     one load after another, re-reading what it wrote: a latency chain that made one 4096-value
-//     norm take about 21 us on an H200 (the host sets KEEP where it is at most 32).
+//   KEEP: each thread keeps its values (KEEP = ceil(row_len / (WG_SIZE * VW)) of them) in
+//     private arrays between the sums of squares and the scaling, and reads all of its inputs
+//     (x, the addend, both weights) in one loop before any of them is used. A loop iteration
+//     that loads from memory costs a whole memory round trip on the GPUs measured (their
+//     compilers did not overlap one iteration's loads with the next's), so the iterations are
+//     what count: a 4096-value norm that loaded in one loop and the weights in another took
+//     about 23 us on an H200 (two chains of 16); one loop of 4 vec4s takes a few. Without KEEP a
+//     thread walks its values in a strided loop twice (rows of more than 32 values a thread).
+//   VEC4 (with KEEP): every binding is read as vec4s (row_len and every offset a multiple of 4),
+//     a quarter of the iterations. VT is the element type (vec4<f32> or f32), VW its width.
 // The sum of squares accumulates in f32: a per-thread strided partial sum, then a tree
 // reduction in workgroup memory (log2 WG_SIZE barriers).
 
@@ -35,23 +39,49 @@ struct RmsNormParams {
 }
 
 @group(0) @binding(0) var<uniform> p: RmsNormParams;
-@group(0) @binding(1) var<storage, X_ACCESS> x: array<f32>;       // (n_rows, row_len) from x_offset
+// Indices into them are in VT elements (offsets divided by VW).
+@group(0) @binding(1) var<storage, X_ACCESS> x: array<VT>;       // (n_rows, row_len) from x_offset
 #ifndef OUT_IS_X
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;   // (n_rows, row_len) from out_offset
+@group(0) @binding(2) var<storage, read_write> out: array<VT>;   // (n_rows, row_len) from out_offset
 #endif
 #ifdef ADD
-@group(0) @binding(3) var<storage, read> add: array<f32>;         // (n_rows, row_len) from add_offset
+@group(0) @binding(3) var<storage, read> add: array<VT>;         // (n_rows, row_len) from add_offset
 #endif
 #ifdef WEIGHT
-@group(0) @binding(4) var<storage, read> w: array<f32>;           // (row_len) from w_offset
+@group(0) @binding(4) var<storage, read> w: array<VT>;           // (row_len) from w_offset
 #endif
 #ifdef ADD_NORM
-@group(0) @binding(5) var<storage, read> w_add: array<f32>;       // (row_len): the addend's norm weight
+@group(0) @binding(5) var<storage, read> w_add: array<VT>;       // (row_len): the addend's norm weight
 #endif
 
 var<workgroup> red: array<f32, WG_SIZE>;
 
-fn store(i: u32, v: f32) {
+// Sum of squares of one element.
+fn sq(v: VT) -> f32 {
+#ifdef VEC4
+    return dot(v, v);
+#else
+    return v * v;
+#endif
+}
+
+// The tree reduction of every thread's `v` over the workgroup; ends with a barrier, so `red`
+// may be reused at once.
+fn reduce(lid: u32, v: f32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = red[0];
+    workgroupBarrier();
+    return total;
+}
+
+fn store(i: u32, v: VT) {
 #ifdef OUT_IS_X
     x[i] = v;
 #else
@@ -68,6 +98,80 @@ fn rmsnorm(
     let r = get_wid(wid, nwg);
     // Workgroups past the last row skip the work but not the barriers (uniform control flow).
     let live = r < p.n_rows;
+#ifdef KEEP
+    // Row length and offsets in VT elements.
+    let n = p.row_len / VW;
+    let xb = p.x_offset / VW + r * n;
+    let ob = p.out_offset / VW + r * n;
+    let wb = p.w_offset / VW;
+#ifdef ADD
+    let ab = p.add_offset / VW + r * n;
+#endif
+    // Every load in one loop (see KEEP above).
+    var kx: array<VT, KEEP>;
+#ifdef ADD
+    var ka: array<VT, KEEP>;
+#endif
+#ifdef ADD_NORM
+    var kwa: array<VT, KEEP>;
+    var sa = 0.0;
+#endif
+#ifdef WEIGHT
+    var kw: array<VT, KEEP>;
+#endif
+    for (var k = 0u; k < KEEP; k++) {
+        let i = lid + k * WG_SIZE;
+        if live && i < n {
+            kx[k] = x[xb + i];
+#ifdef ADD
+            ka[k] = add[ab + i];
+#endif
+#ifdef ADD_NORM
+            kwa[k] = w_add[i];
+            sa += sq(ka[k]);
+#endif
+#ifdef WEIGHT
+            kw[k] = w[wb + i];
+#endif
+        }
+    }
+#ifdef ADD
+    var add_mul = p.add_scale;
+#ifdef ADD_NORM
+    // The addend's own norm folds into its scale.
+    add_mul = add_mul / sqrt(reduce(lid, sa) / f32(p.row_len) + p.eps);
+#endif
+#endif
+    var ss = 0.0;
+    for (var k = 0u; k < KEEP; k++) {
+#ifdef ADD_NORM
+        kx[k] = kx[k] + ka[k] * add_mul * kwa[k];
+#else
+#ifdef ADD
+        kx[k] = kx[k] + ka[k] * add_mul;
+#endif
+#endif
+        ss += sq(kx[k]);
+    }
+    let inv = 1.0 / sqrt(reduce(lid, ss) / f32(p.row_len) + p.eps);
+    if !live {
+        return;
+    }
+    // Each thread writes only the elements it read: no barrier needed, also in place.
+    for (var k = 0u; k < KEEP; k++) {
+        let i = lid + k * WG_SIZE;
+        if i < n {
+#ifdef ADD
+            x[xb + i] = kx[k];
+#endif
+#ifdef WEIGHT
+            store(ob + i, kx[k] * inv * kw[k]);
+#else
+            store(ob + i, kx[k] * inv);
+#endif
+        }
+    }
+#else
     let xb = p.x_offset + r * p.row_len;
 #ifdef ADD
     let ab = p.add_offset + r * p.row_len;
@@ -82,77 +186,8 @@ fn rmsnorm(
             sa += a * a;
         }
     }
-    red[lid] = sa;
-    workgroupBarrier();
-    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    add_mul = add_mul / sqrt(red[0] / f32(p.row_len) + p.eps);
-    workgroupBarrier(); // every thread has read red[0] before it is reused
+    add_mul = add_mul / sqrt(reduce(lid, sa) / f32(p.row_len) + p.eps);
 #endif
-#ifdef KEEP
-    // Every load first, in loops with no store between them: a store to a storage buffer may
-    // alias any later load (the compiler cannot tell the bindings apart), so a loop that wrote
-    // x back as it went waited one memory round trip per value (about 18 us for a 4096-value
-    // norm on an H200). The stores come after, into the elements this thread read.
-    var kx: array<f32, KEEP>;
-    for (var k = 0u; k < KEEP; k++) {
-        let i = lid + k * WG_SIZE;
-        if live && i < p.row_len {
-            kx[k] = x[xb + i];
-        }
-    }
-#ifdef ADD
-    var ka: array<f32, KEEP>;
-    for (var k = 0u; k < KEEP; k++) {
-        let i = lid + k * WG_SIZE;
-        if live && i < p.row_len {
-            ka[k] = add[ab + i];
-        }
-    }
-#endif
-#ifdef ADD_NORM
-    var kwa: array<f32, KEEP>;
-    for (var k = 0u; k < KEEP; k++) {
-        let i = lid + k * WG_SIZE;
-        if live && i < p.row_len {
-            kwa[k] = w_add[i];
-        }
-    }
-#endif
-#ifdef WEIGHT
-    // The weights too, so their loads are in flight during the reduction.
-    var kw: array<f32, KEEP>;
-    for (var k = 0u; k < KEEP; k++) {
-        let i = lid + k * WG_SIZE;
-        if live && i < p.row_len {
-            kw[k] = w[p.w_offset + i];
-        }
-    }
-#endif
-    var ss = 0.0;
-    for (var k = 0u; k < KEEP; k++) {
-#ifdef ADD_NORM
-        kx[k] = kx[k] + ka[k] * add_mul * kwa[k];
-#else
-#ifdef ADD
-        kx[k] = kx[k] + ka[k] * add_mul;
-#endif
-#endif
-        ss += kx[k] * kx[k];
-    }
-#ifdef ADD
-    for (var k = 0u; k < KEEP; k++) {
-        let i = lid + k * WG_SIZE;
-        if live && i < p.row_len {
-            x[xb + i] = kx[k];
-        }
-    }
-#endif
-#else
     var ss = 0.0;
     if live {
         for (var i = lid; i < p.row_len; i += WG_SIZE) {
@@ -169,34 +204,13 @@ fn rmsnorm(
             ss += v * v;
         }
     }
-#endif
-    red[lid] = ss;
-    workgroupBarrier();
-    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
+    let inv = 1.0 / sqrt(reduce(lid, ss) / f32(p.row_len) + p.eps);
     if !live {
         return;
     }
-    let inv = 1.0 / sqrt(red[0] / f32(p.row_len) + p.eps);
     let ob = p.out_offset + r * p.row_len;
     // Each thread re-reads only elements it wrote itself (ADD), so no barrier is needed; with
     // OUT_IS_X in place (ob == xb) it also overwrites only its own elements.
-#ifdef KEEP
-    for (var k = 0u; k < KEEP; k++) {
-        let i = lid + k * WG_SIZE;
-        if i < p.row_len {
-#ifdef WEIGHT
-            store(ob + i, kx[k] * inv * kw[k]);
-#else
-            store(ob + i, kx[k] * inv);
-#endif
-        }
-    }
-#else
     for (var i = lid; i < p.row_len; i += WG_SIZE) {
 #ifdef WEIGHT
         store(ob + i, x[xb + i] * inv * w[p.w_offset + i]);

@@ -223,10 +223,17 @@ gpu_test!(rmsnorm_shapes_weights_in_place_and_fused_add, async {
         // Past 32 values a thread at 256 threads: the strided loop instead of registers.
         (2, 8200, true, true, false),
     ];
-    for &(rows, len, weight, add, in_place) in cases {
-        let what = format!("{rows}x{len} weight {weight} add {add} in place {in_place}");
+    // Offsets off and on whole vec4s: the kernel reads vec4s when the row and every offset
+    // allow it (a row of 8200 then keeps its values in registers too).
+    let offsets = [(3usize, 5usize, 1usize), (4, 8, 0)];
+    for (&(rows, len, weight, add, in_place), &(xo, oo, ao)) in cases
+        .iter()
+        .flat_map(|c| offsets.iter().map(move |o| (c, o)))
+    {
+        let what = format!(
+            "{rows}x{len} weight {weight} add {add} in place {in_place} offsets {xo}/{oo}/{ao}"
+        );
         let n = (rows * len) as usize;
-        let (xo, oo, ao) = (3usize, 5usize, 1usize);
         // Values of mixed magnitude, so the norm is not near 1.
         let x: Vec<f32> = rng.vec(xo + n).iter().map(|v| v * 4.0 + 0.5).collect();
         let a: Vec<f32> = rng.vec(ao + n);
@@ -302,10 +309,15 @@ gpu_test!(rmsnorm_post_norm_residual_and_pre_norm_fused, async {
         (7, 640, false, 1.0, true),
         (1, 8200, true, 0.5, false),
     ];
-    for &(rows, len, norm, scale, in_place) in cases {
-        let what = format!("{rows}x{len} addend norm {norm} scale {scale} in place {in_place}");
+    let offsets = [(2usize, 3usize, 5usize), (8, 4, 12)];
+    for (&(rows, len, norm, scale, in_place), &(xo, oo, ao)) in cases
+        .iter()
+        .flat_map(|c| offsets.iter().map(move |o| (c, o)))
+    {
+        let what = format!(
+            "{rows}x{len} addend norm {norm} scale {scale} in place {in_place} offsets {xo}/{oo}/{ao}"
+        );
         let n = (rows * len) as usize;
-        let (xo, oo, ao) = (2usize, 3usize, 5usize);
         let x: Vec<f32> = rng.vec(xo + n).iter().map(|v| v * 4.0 + 0.5).collect();
         let a: Vec<f32> = rng.vec(ao + n).iter().map(|v| v * 30.0).collect();
         let w: Vec<f32> = rng.vec(len as usize).iter().map(|v| 1.0 + v).collect();

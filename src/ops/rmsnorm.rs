@@ -55,16 +55,20 @@ pub struct RmsNormVariant {
     pub add_norm: bool,
     pub out_is_x: bool,
     pub workgroup_size: u32,
-    /// Values each thread keeps in registers (`KEEP`, see the shader); 0 for the strided loop.
+    /// Elements each thread keeps in registers (`KEEP`, see the shader); 0 for the strided loop.
     pub keep: u32,
+    /// With `keep`: read and write every binding as vec4s (`VEC4`): the row length and every
+    /// offset are multiples of 4.
+    pub vec4: bool,
 }
 
 /// The most values a thread keeps in registers ([`RmsNormVariant::keep`]).
 pub const MAX_KEEP: u32 = 32;
 
-/// [`RmsNormVariant::keep`] for rows of `row_len` at `workgroup_size`.
-pub fn keep_for(row_len: u32, workgroup_size: u32) -> u32 {
-    let keep = row_len.div_ceil(workgroup_size.max(1));
+/// [`RmsNormVariant::keep`] for rows of `row_len` at `workgroup_size`, each thread's elements
+/// `width` values wide (4 with [`RmsNormVariant::vec4`], else 1).
+pub fn keep_for(row_len: u32, workgroup_size: u32, width: u32) -> u32 {
+    let keep = row_len.div_ceil(workgroup_size.max(1) * width.max(1));
     if keep <= MAX_KEEP {
         keep
     } else {
@@ -85,6 +89,13 @@ pub fn key(v: RmsNormVariant) -> PipelineKey {
     if v.keep > 0 {
         k = k.define("KEEP", format!("{}u", v.keep));
     }
+    let vec4 = v.keep > 0 && v.vec4;
+    k = k
+        .define("VT", if vec4 { "vec4<f32>" } else { "f32" })
+        .define("VW", if vec4 { "4u" } else { "1u" });
+    if vec4 {
+        k = k.define("VEC4", "");
+    }
     for (on, name) in [
         (v.weight, "WEIGHT"),
         (v.add, "ADD"),
@@ -96,6 +107,16 @@ pub fn key(v: RmsNormVariant) -> PipelineKey {
         }
     }
     k
+}
+
+/// Whether the vec4 form may be chosen: always, but on native builds `CERA_RMSNORM_VEC4=0` (a
+/// bench knob) keeps the scalar one, for comparison.
+fn vec4_enabled() -> bool {
+    #[cfg(not(target_arch = "wasm32"))]
+    if std::env::var("CERA_RMSNORM_VEC4").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    true
 }
 
 /// The workgroup size for this device: a power of two (the tree reduction halves it), 64 on a
@@ -126,9 +147,17 @@ pub fn variants() -> Vec<Variant> {
                 out_is_x: bits & 4 != 0,
                 workgroup_size: wg,
                 keep: 0,
+                vec4: false,
             };
-            for keep in [0, 1, 5, MAX_KEEP] {
-                let k = key(RmsNormVariant { keep, ..v });
+            for (keep, vec4) in [
+                (0, false),
+                (1, false),
+                (5, false),
+                (MAX_KEEP, false),
+                (1, true),
+                (4, true),
+            ] {
+                let k = key(RmsNormVariant { keep, vec4, ..v });
                 out.push(Variant {
                     shader: k.shader,
                     entry: k.entry,
@@ -255,10 +284,30 @@ pub fn prepare_residual(
         out_is_x: out == x,
         workgroup_size: workgroup_size(ctx),
         keep: 0,
+        vec4: false,
     };
-    let v = RmsNormVariant {
-        keep: keep_for(row_len, v.workgroup_size),
-        ..v
+    // vec4 elements where every row and offset is whole vec4s (the weights start at 0).
+    let vec4 = [
+        row_len as u64,
+        x_offset,
+        out_offset,
+        add.map_or(0, |a| a.offset),
+    ]
+    .iter()
+    .all(|n| n % 4 == 0)
+        && keep_for(row_len, v.workgroup_size, 4) > 0
+        && vec4_enabled();
+    let v = if vec4 {
+        RmsNormVariant {
+            keep: keep_for(row_len, v.workgroup_size, 4),
+            vec4,
+            ..v
+        }
+    } else {
+        RmsNormVariant {
+            keep: keep_for(row_len, v.workgroup_size, 1),
+            ..v
+        }
     };
     let pipe = ctx.pipeline(&key(v))?;
     let params = RmsNormParams {
