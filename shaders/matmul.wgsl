@@ -319,7 +319,11 @@ var<private> accr: array<f32, NR>; // sums of the team's NR rows (this lane's sh
 
 #ifdef COOP
 #ifndef SUBGROUP
+#ifdef ROWS
+var<workgroup> red: array<f32, WG_SIZE * NR>; // (NR, WG_SIZE): each lane's sums of its rows
+#else
 var<workgroup> red: array<f32, WG_SIZE * NT>; // (WG_SIZE, NT) partial sums
+#endif
 #endif
 #endif
 
@@ -366,11 +370,32 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
             item_rows(rb, rs, j);
         }
     }
+#ifdef SUBGROUP
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
         for (var k = 0u; k < NR; k++) {
             accr[k] += subgroupShuffleXor(accr[k], s);
         }
     }
+#else
+    // Without subgroups (the browser): a tree over each team's lanes in workgroup memory; a
+    // team's lanes are consecutive invocations (slot * TPR + lane). Lane 0 ends with the sums.
+    let me = slot * TPR + lane;
+    for (var k = 0u; k < NR; k++) {
+        red[k * WG_SIZE + me] = accr[k];
+    }
+    workgroupBarrier();
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        if lane < s {
+            for (var k = 0u; k < NR; k++) {
+                red[k * WG_SIZE + me] += red[k * WG_SIZE + me + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var k = 0u; k < NR; k++) {
+        accr[k] = red[k * WG_SIZE + me];
+    }
+#endif
 #ifdef KS
     if lane == 0u {
         for (var k = 0u; k < NR; k++) {
@@ -422,7 +447,11 @@ fn matmul(
     glu_prologue(lid, p.x_offset + (g / p.row_groups) * NT * p.x_stride);
 #endif
 #ifdef ROWS
+#ifdef SUBGROUP
     rows_main(g, sg_lane % TPR, sg_id * (sg_size / TPR) + sg_lane / TPR);
+#else
+    rows_main(g, lid % TPR, lid / TPR);
+#endif
     return;
 #endif
     let t0 = (g / p.row_groups) * NT;

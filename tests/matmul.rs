@@ -46,7 +46,7 @@ fn tolerance(ty: GgmlType) -> f64 {
 /// cooperative units, and row teams (the GPU decision: interleaved items, subgroup shuffles
 /// where the adapter has them and the team fits a subgroup, workgroup memory otherwise), GEMV
 /// and GEMM, plus small odd ones (3 tokens per thread, 4 rows per workgroup).
-const SHAPES: [MatmulConfig; 14] = [
+const SHAPES: [MatmulConfig; 16] = [
     MatmulConfig::simple(1),
     MatmulConfig::simple(8),
     MatmulConfig::cooperative(256, 8, 1),
@@ -60,8 +60,8 @@ const SHAPES: [MatmulConfig; 14] = [
         subgroup: false,
         ..MatmulConfig::team(64, 4, 1)
     },
-    // Several rows per team (only where 16-byte items and subgroups exist, one row elsewhere;
-    // teams of 8 so that adapters with 8-lane subgroups, as lavapipe, run them).
+    // Several rows per team (only where 16-byte items exist, one row elsewhere; teams of 8 so
+    // that adapters with 8-lane subgroups, as lavapipe, run them with subgroups).
     MatmulConfig {
         rows_per_team: 4,
         ..MatmulConfig::team(256, 8, 1)
@@ -80,6 +80,19 @@ const SHAPES: [MatmulConfig; 14] = [
     MatmulConfig {
         k_split: 8,
         ..MatmulConfig::team(64, 8, 1)
+    },
+    // The same without subgroups (the browser's case): the teams' sums through workgroup
+    // memory.
+    MatmulConfig {
+        subgroup: false,
+        rows_per_team: 2,
+        k_split: 4,
+        ..MatmulConfig::team(256, 8, 1)
+    },
+    MatmulConfig {
+        subgroup: false,
+        rows_per_team: 4,
+        ..MatmulConfig::team(64, 16, 1)
     },
 ];
 

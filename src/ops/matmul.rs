@@ -166,12 +166,13 @@ pub struct MatmulConfig {
     /// [`MatmulConfig::for_w`], never by hand.
     pub w_vec4: bool,
     /// Rows per team (`ROWS`, `NR`): each item's X is read once for this many rows. Only with
-    /// 16-byte items, subgroups and one token per invocation; [`MatmulConfig::fit`] and
+    /// 16-byte items and one token per invocation (the team's sums go through subgroup shuffles,
+    /// or workgroup memory without subgroups); [`MatmulConfig::fit`] and
     /// [`MatmulConfig::for_w`] set it back to 1 elsewhere.
     pub rows_per_team: u32,
     /// Teams that share a workgroup's rows (`KS`), each taking every KS-th stride of the rows'
     /// items, their sums added in workgroup memory: more workgroups for a GEMV of few, long
-    /// rows. Only where `ROWS` can run (16-byte items, subgroups, one token an invocation);
+    /// rows. Only where `ROWS` can run (16-byte items, one token an invocation);
     /// [`MatmulConfig::fit`] and [`MatmulConfig::for_w`] set it back to 1 elsewhere.
     pub k_split: u32,
     /// A GEMV whose X is a gated unit (`X_GLU`) computes it once per workgroup into workgroup
@@ -361,7 +362,7 @@ impl MatmulConfig {
         {
             self.tokens_per_thread /= 2;
         }
-        if !(self.subgroup && self.interleaved && self.tokens_per_thread == 1) {
+        if !(self.interleaved && self.tokens_per_thread == 1) {
             self.rows_per_team = 1;
             self.k_split = 1;
         }
@@ -396,7 +397,6 @@ impl MatmulConfig {
     fn rows_kernel(&self, ty: GgmlType) -> bool {
         (self.rows_per_team > 1 || self.k_split > 1)
             && self.w_vec4
-            && self.subgroup
             && self.interleaved
             && w_vec4_type(ty)
     }
@@ -944,12 +944,8 @@ pub fn glu_prologue_fits(ctx: &GpuContext, cfg: MatmulConfig, cols: u64, workgro
     if !cfg.glu_prologue || cfg.tokens_per_thread != 1 || !cols.is_multiple_of(4) {
         return false;
     }
-    let red = if cfg.threads_per_row > 1 && !cfg.subgroup {
-        cfg.workgroup_size as u64 * 4
-    } else {
-        0
-    };
-    cols * 4 + red + ks_bytes(cfg) <= ctx.limits.max_compute_workgroup_storage_size as u64
+    cols * 4 + team_red_bytes(cfg) + ks_bytes(cfg)
+        <= ctx.limits.max_compute_workgroup_storage_size as u64
         && workgroups * cols <= prenorm_max_values()
 }
 
@@ -986,6 +982,16 @@ pub struct PreAdd<'a> {
     pub out: &'a wgpu::Buffer,
 }
 
+/// Workgroup memory of the teams' reduction where there are no subgroups (`red` in
+/// `matmul.wgsl`): a sum per invocation and token, or per invocation and row of its team.
+fn team_red_bytes(cfg: MatmulConfig) -> u64 {
+    if cfg.threads_per_row > 1 && !cfg.subgroup {
+        (cfg.workgroup_size * cfg.tokens_per_thread.max(cfg.rows_per_team)) as u64 * 4
+    } else {
+        0
+    }
+}
+
 /// Workgroup memory of the KS teams' sums (`ks_red` in `matmul.wgsl`), 0 without row sharing.
 fn ks_bytes(cfg: MatmulConfig) -> u64 {
     if cfg.k_split > 1 {
@@ -1005,12 +1011,7 @@ pub fn prenorm_fits(ctx: &GpuContext, cfg: MatmulConfig, cols: u64) -> bool {
     if !cols.is_multiple_of(4) || cfg.tokens_per_thread != 1 {
         return false;
     }
-    let red = if cfg.threads_per_row > 1 && !cfg.subgroup {
-        cfg.workgroup_size as u64 * 4
-    } else {
-        0
-    };
-    let bytes = cols * 4 + cfg.workgroup_size as u64 * 4 + red + ks_bytes(cfg);
+    let bytes = cols * 4 + cfg.workgroup_size as u64 * 4 + team_red_bytes(cfg) + ks_bytes(cfg);
     bytes <= ctx.limits.max_compute_workgroup_storage_size as u64
         && ctx.limits.max_storage_buffers_per_shader_stage >= 7
 }
