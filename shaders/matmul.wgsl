@@ -452,8 +452,8 @@ fn matmul(
 #else
     rows_main(g, lid % TPR, lid / TPR);
 #endif
-    return;
-#endif
+#else
+    // (The rest only without ROWS: code after a return is a compiler warning in browsers.)
     let t0 = (g / p.row_groups) * NT;
 #ifdef SUBGROUP
     let lane = sg_lane % TPR;
@@ -528,4 +528,5 @@ fn matmul(
             y[p.y_offset + (t0 + t) * p.y_stride + r] = acc[t];
         }
     }
+#endif
 }
