@@ -2,6 +2,7 @@
 //!
 //! - [`context`]: adapter + device with requested limits, carried as [`GpuLimits`].
 //! - [`dispatch`]: the 2-D workgroup grid (more than 65535 workgroups under browser limits).
+//! - [`knob`]: the bench knobs (environment overrides of kernel shapes, native builds only).
 //! - [`preprocess`]: the WGSL preprocessor (`#include`, `#define`, `#ifdef` ...).
 //! - [`shaders`]: every `.wgsl` / `.tmpl` in `shaders/`, embedded so the wasm build needs no files.
 //! - [`pipeline`]: compute pipelines cached by shader + defines, with the dispatch decisions.
@@ -10,6 +11,7 @@
 
 pub mod context;
 pub mod dispatch;
+pub mod knob;
 pub mod pipeline;
 pub mod plan;
 pub mod preprocess;

@@ -261,8 +261,7 @@ impl AttentionConfig {
         if super::matmul::is_cpu_adapter(ctx) {
             return Self::simple();
         }
-        #[cfg(not(target_arch = "wasm32"))]
-        if let Ok(v) = std::env::var("CERA_ATTN_TILE") {
+        if let Some(v) = crate::gpu::knob::knob("CERA_ATTN_TILE") {
             let t: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
             match t[..] {
                 [bq, bc] => return Self::tiled(bq, bc),

@@ -95,8 +95,7 @@ impl SplitConfig {
     /// Native builds read `CERA_ATTN_SPLIT=WG,CHUNK,TEAM` instead when it is set, so that
     /// `cera bench` can compare shapes on a GPU without a rebuild (docs/benchmarking.md).
     pub fn for_device(_ctx: &GpuContext) -> Self {
-        #[cfg(not(target_arch = "wasm32"))]
-        if let Ok(v) = std::env::var("CERA_ATTN_SPLIT") {
+        if let Some(v) = crate::gpu::knob::knob("CERA_ATTN_SPLIT") {
             match Self::parse(&v) {
                 Some(cfg) => return cfg,
                 None => eprintln!("CERA_ATTN_SPLIT={v:?} is not WG,CHUNK,TEAM; using the default"),

@@ -183,8 +183,7 @@ impl GemmConfig {
     /// This tile with BK 64 instead of 32 for the 64-row tiles, where the device allows it
     /// (and, on native builds, unless `CERA_GEMM_BK64=0`: a bench knob).
     pub fn deeper(self, ctx: &GpuContext) -> Self {
-        #[cfg(not(target_arch = "wasm32"))]
-        if std::env::var("CERA_GEMM_BK64").is_ok_and(|v| v == "0") {
+        if crate::gpu::knob::knob_off("CERA_GEMM_BK64") {
             return self;
         }
         if self.bm != 64 || self.bk != 32 {

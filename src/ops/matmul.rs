@@ -126,20 +126,7 @@ pub const GEMV_MIN_WORKGROUPS: u64 = 1024;
 /// [`GEMV_MIN_WORKGROUPS`], or on native builds `CERA_GEMV_MIN_WG` when set (0 turns row sharing
 /// off), so that `cera bench` can compare on a GPU without a rebuild (docs/benchmarking.md).
 pub fn gemv_min_workgroups() -> u64 {
-    env_u64("CERA_GEMV_MIN_WG").unwrap_or(GEMV_MIN_WORKGROUPS)
-}
-
-/// A native build's numeric tuning knob from the environment (none in the browser).
-fn env_u64(name: &str) -> Option<u64> {
-    #[cfg(not(target_arch = "wasm32"))]
-    if let Ok(v) = std::env::var(name) {
-        match v.trim().parse() {
-            Ok(n) => return Some(n),
-            Err(_) => eprintln!("{name}={v:?} is not a number; using the default"),
-        }
-    }
-    let _ = name;
-    None
+    crate::gpu::knob::knob_u64("CERA_GEMV_MIN_WG").unwrap_or(GEMV_MIN_WORKGROUPS)
 }
 
 /// Threads a GEMV aims to keep in flight: a large GPU's resident threads a couple of times over
@@ -1025,7 +1012,7 @@ pub const PRENORM_MAX_VALUES: u64 = 1 << 20;
 
 /// [`PRENORM_MAX_VALUES`], or on native builds `CERA_PRENORM_MAX` when set (a bench knob).
 pub fn prenorm_max_values() -> u64 {
-    env_u64("CERA_PRENORM_MAX").unwrap_or(PRENORM_MAX_VALUES)
+    crate::gpu::knob::knob_u64("CERA_PRENORM_MAX").unwrap_or(PRENORM_MAX_VALUES)
 }
 
 /// Whether a decode GEMV of `w` in the engine's shape should compute its X with a [`PreNorm`]:

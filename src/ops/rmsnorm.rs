@@ -112,11 +112,7 @@ pub fn key(v: RmsNormVariant) -> PipelineKey {
 /// Whether the vec4 form may be chosen: always, but on native builds `CERA_RMSNORM_VEC4=0` (a
 /// bench knob) keeps the scalar one, for comparison.
 fn vec4_enabled() -> bool {
-    #[cfg(not(target_arch = "wasm32"))]
-    if std::env::var("CERA_RMSNORM_VEC4").is_ok_and(|v| v == "0") {
-        return false;
-    }
-    true
+    !crate::gpu::knob::knob_off("CERA_RMSNORM_VEC4")
 }
 
 /// The workgroup size for this device: a power of two (the tree reduction halves it), 64 on a
