@@ -13,6 +13,8 @@
 //   BM, BN: the tile (multiples of TM and TN). BK: values of K per step (a multiple of 8, the
 //   decode run). TM, TN: rows and tokens per thread, 4 or 8; TM8 / TN8 are set when 8.
 //   WG_SIZE = (BM / TM) * (BN / TN).
+//   PREFETCH: load each K step's words during the step before (GPUs; CPU-emulated adapters
+//   keep registers in memory and load at the step itself).
 //   W_R2 .. W_R4, X_R2 .. X_R4: set when a thread loads 2 .. 4 runs of W (8 values) or of X
 //   (4 values) per K step (runs per step over WG_SIZE, rounded up).
 //
@@ -543,11 +545,24 @@ fn gemm(
     // Each step's words are loaded during the step before, while that step multiplies: a
     // workgroup no longer waits a memory round trip per step with nothing to do. (Small
     // matrices have about one workgroup per core, so no other workgroup hides that wait.)
+#ifdef PREFETCH
     var next = fetch_step(lid, r0, t0, 0u);
+#endif
     for (var k0 = 0u; k0 < p.cols; k0 += BK) {
+#ifdef PREFETCH
         put_step(lid, k0, next);
         workgroupBarrier();
         next = fetch_step(lid, r0, t0, k0 + BK);
+#else
+        // Each run loaded and stored at once, in strided loops (nothing carried between steps).
+        for (var i = lid; i < W_RUNS_ALL; i += WG_SIZE) {
+            put_w(i, k0, fetch_w(i, r0, k0));
+        }
+        for (var i = lid; i < X_RUNS_ALL; i += WG_SIZE) {
+            put_x(i, fetch_x(i, t0, k0));
+        }
+        workgroupBarrier();
+#endif
         for (var k = 0u; k < BK; k++) {
             let a0 = ws[k * BM4 + tx];
             let b0 = xs[k * BN4 + ty];

@@ -82,11 +82,30 @@ pub struct GemmConfig {
     pub tm: u32,
     /// Tokens per thread: 4 or 8.
     pub tn: u32,
+    /// Load each K step's words during the step before (`PREFETCH`, registers per thread). On
+    /// GPUs it hides a memory round trip per step; CPU-emulated adapters keep every invocation's
+    /// registers in memory, where it only costs (SwiftShader's prefill at 32 tokens: 8 % slower).
+    pub prefetch: bool,
 }
 
 impl GemmConfig {
     pub const fn new(bm: u32, bn: u32, bk: u32, tm: u32, tn: u32) -> Self {
-        GemmConfig { bm, bn, bk, tm, tn }
+        GemmConfig {
+            bm,
+            bn,
+            bk,
+            tm,
+            tn,
+            prefetch: true,
+        }
+    }
+
+    /// This tile loading each step's words at the step itself (no `PREFETCH`).
+    pub const fn without_prefetch(self) -> Self {
+        GemmConfig {
+            prefetch: false,
+            ..self
+        }
     }
 
     /// 128 rows x 128 tokens, 8 x 8 per thread, 256 threads, BK 16: 16 KiB of workgroup memory
@@ -103,7 +122,7 @@ impl GemmConfig {
     /// 32 x 32 with 4 x 4 per thread: 64 threads, 8 KiB. For CPU-emulated adapters, where a
     /// workgroup runs on one core and a smaller tile keeps the cores busy on small matrices: the
     /// fastest tile on lavapipe from 16 to 64 tokens ([`use_gemm`] has the numbers).
-    pub const CPU: GemmConfig = GemmConfig::new(32, 32, 32, 4, 4);
+    pub const CPU: GemmConfig = GemmConfig::new(32, 32, 32, 4, 4).without_prefetch();
 
     /// 64 x 32, 4 x 4 per thread, 128 threads, BK 32: 12 KiB. For small batches (32 to 64
     /// tokens), where a 64-token tile would be half padding and its grid too small.
@@ -264,13 +283,19 @@ impl GemmConfig {
     }
 }
 
-/// `BMxBNxBK:TMxTN`, e.g. `128x64x32:8x4` (how the bench prints and parses tiles).
+/// `BMxBNxBK:TMxTN`, e.g. `128x64x32:8x4`, with `/np` when the tile does not prefetch (how the
+/// bench prints and parses tiles).
 impl std::fmt::Display for GemmConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}x{}x{}:{}x{}",
-            self.bm, self.bn, self.bk, self.tm, self.tn
+            "{}x{}x{}:{}x{}{}",
+            self.bm,
+            self.bn,
+            self.bk,
+            self.tm,
+            self.tn,
+            if self.prefetch { "" } else { "/np" }
         )
     }
 }
@@ -283,14 +308,21 @@ impl std::str::FromStr for GemmConfig {
                 "tile {s:?}: want BMxBNxBK:TMxTN, e.g. 128x64x32:8x4"
             ))
         };
-        let (tile, thread) = s.trim().split_once(':').ok_or_else(bad)?;
+        let (text, prefetch) = match s.trim().strip_suffix("/np") {
+            Some(t) => (t, false),
+            None => (s.trim(), true),
+        };
+        let (tile, thread) = text.split_once(':').ok_or_else(bad)?;
         let nums = |t: &str| {
             t.split('x')
                 .map(|n| n.parse::<u32>().map_err(|_| bad()))
                 .collect::<Result<Vec<u32>>>()
         };
         match (nums(tile)?.as_slice(), nums(thread)?.as_slice()) {
-            (&[bm, bn, bk], &[tm, tn]) => Ok(GemmConfig::new(bm, bn, bk, tm, tn)),
+            (&[bm, bn, bk], &[tm, tn]) => Ok(GemmConfig {
+                prefetch,
+                ..GemmConfig::new(bm, bn, bk, tm, tn)
+            }),
             _ => Err(bad()),
         }
     }
@@ -354,6 +386,9 @@ pub fn key(ty: GgmlType, cfg: GemmConfig) -> Result<PipelineKey> {
     }
     if cfg.tn == 8 {
         k = k.define("TN8", "");
+    }
+    if cfg.prefetch {
+        k = k.define("PREFETCH", "");
     }
     let (w_runs, x_runs) = cfg.runs_per_thread();
     for n in 2..=4 {
@@ -732,9 +767,11 @@ mod tests {
             GemmConfig::TILE_128X128,
             GemmConfig::TILE_64X64,
             GemmConfig::new(16, 8, 8, 4, 4),
+            GemmConfig::CPU,
         ] {
             assert_eq!(c.to_string().parse::<GemmConfig>().unwrap(), c);
         }
+        assert_eq!(GemmConfig::CPU.to_string(), "32x32x32:4x4/np");
         assert_eq!(
             "128x64x16:8x4".parse::<GemmConfig>().unwrap(),
             GemmConfig::TILE_128X64
