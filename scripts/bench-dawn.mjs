@@ -1,4 +1,5 @@
 // npm run bench:dawn -- --model PATH [--prompt-tokens 256] [--gen-tokens 128] [--runs 3] [--dawn OPT]...
+//                        [--out FILE]
 //
 // `cera bench`, but through the npm package running in node on Dawn (Chrome's WebGPU
 // implementation, from the npm package `webgpu`): the browser's GPU path without a browser. It
@@ -10,7 +11,7 @@
 // package needs there, and the rest goes through the package's own `Engine` (js/index.js).
 //
 // Exit codes: 0 ok, 1 the run failed, 2 bad arguments or missing files, 3 no WebGPU adapter.
-import { mkdirSync, statSync, createReadStream } from 'node:fs';
+import { mkdirSync, statSync, createReadStream, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { Readable } from 'node:stream';
 import { parseArgs } from 'node:util';
@@ -28,7 +29,9 @@ const USAGE = `usage: npm run bench:dawn -- --model PATH [--prompt-tokens N] [--
   --context N          context size (default prompt + gen + 8, as cera bench)
   --batch N            prefill batch (default min(prompt, 512), as cera bench)
   --dawn OPTION        passed to Dawn's create(), e.g. 'adapter=NVIDIA H200' or 'backend=vulkan'
-  --wasm PATH          the .wasm (default pkg/cera_web_bg.wasm: run npm run build first)`;
+  --wasm PATH          the .wasm (default pkg/cera_web_bg.wasm: run npm run build first)
+  --out FILE           also write the JSON to FILE (Dawn itself may print to stdout, e.g. a
+                       shader compiler's warnings, before the JSON)`;
 
 /** The prompt `cera bench` uses (src/generate/bench.rs), repeated up to the wanted length. */
 const TEXT =
@@ -64,6 +67,7 @@ export function parseBenchArgs(argv) {
         batch: { type: 'string' },
         dawn: { type: 'string', multiple: true, default: [] },
         wasm: { type: 'string', default: `${root}/pkg/cera_web_bg.wasm` },
+        out: { type: 'string' },
         help: { type: 'boolean', short: 'h', default: false },
       },
     }).values;
@@ -83,6 +87,7 @@ export function parseBenchArgs(argv) {
     batch: parsed.batch ? positive('batch', parsed.batch) : Math.min(promptTokens, 512),
     dawn: parsed.dawn,
     wasm: parsed.wasm,
+    out: parsed.out,
   };
 }
 
@@ -262,7 +267,9 @@ async function main() {
     peak_wasm_heap_bytes: heap(),
     node: process.version,
   };
-  console.log(JSON.stringify(report, null, 2));
+  const text = JSON.stringify(report, null, 2);
+  if (args.out) writeFileSync(args.out, `${text}\n`);
+  console.log(text);
   return 0;
 }
 

@@ -11,6 +11,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { chmodSync, existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { root, startServer } from '../../scripts/browser.mjs';
 import { prepareSteps } from '../../scripts/prepare.mjs';
 import { parseBenchArgs } from '../../scripts/bench-dawn.mjs';
@@ -98,6 +99,34 @@ test('node + Dawn (SwiftShader): the package loads the model as a ReadableStream
   assert.equal(out.bytes, 253113024);
   assert.equal(out.backend, 'BrowserWebGpu');
   assert.ok(out.heap < 64 * 2 ** 20, `the 253 MB model streams through the wasm heap (${out.heap} bytes)`);
+});
+
+test('bench:dawn on Dawn (SwiftShader): the JSON on stdout and in --out, whatever else is printed', (t) => {
+  const icd = '/usr/lib/chromium/vk_swiftshader_icd.json';
+  const model = process.env.CERA_TEST_MODEL || `${root}/models/gemma-3-270m-q4_k_m.gguf`;
+  for (const [path, why] of [[icd, "Chromium's SwiftShader"], [`${root}/pkg/cera_web_bg.wasm`, 'the package build'], [model, 'the test model']]) {
+    if (!existsSync(path)) return t.skip(`needs ${why} (${path})`);
+  }
+  const dir = mkdtempSync(join(tmpdir(), 'bench-dawn-'));
+  const outFile = join(dir, 'dawn.json');
+  const t0 = Date.now();
+  const r = spawnSync(process.execPath, [`${root}/scripts/bench-dawn.mjs`, '--model', model, '--prompt-tokens', '8',
+    '--gen-tokens', '2', '--runs', '1', '--out', outFile], {
+    cwd: root,
+    encoding: 'utf8',
+    env: { ...process.env, CERA_NO_PREPARE: '1', VK_DRIVER_FILES: icd, VK_ICD_FILENAMES: '' },
+    timeout: 180_000,
+  });
+  assert.equal(r.status, 0, r.stderr);
+  const saved = JSON.parse(readFileSync(outFile, 'utf8'));
+  rmSync(dir, { recursive: true, force: true });
+  console.log(`[bench-scripts] bench:dawn on SwiftShader: ${Date.now() - t0} ms, decode ${saved.decode_tok_s.toFixed(2)} tok/s`);
+  assert.ok(r.stdout.trimEnd().endsWith(JSON.stringify(saved, null, 2)), 'stdout ends with the same JSON');
+  assert.equal(saved.runner, 'node-dawn');
+  assert.equal(saved.backend, 'BrowserWebGpu');
+  assert.equal(saved.prompt_tokens, 8);
+  assert.deepEqual(saved.generated_tokens_runs, [2]);
+  assert.ok(saved.prefill_tok_s > 0 && saved.decode_tok_s > 0, 'both speeds measured');
 });
 
 const native = (p, g, prefill, decode) => ({
