@@ -36,7 +36,11 @@ const fn shape(name: &'static str, rows: u64, cols: u64) -> Shape {
 }
 
 /// Gemma 3 270M: n_embd 640, 4 query heads x 256, 1 KV head x 256, n_ff 2048, vocab 262144.
-pub const GEMMA3_270M: [Shape; 6] = [
+/// The `+` shapes are the fused weights as the model runs them (Q/K/V and gate/up concatenated
+/// at load).
+pub const GEMMA3_270M: [Shape; 8] = [
+    shape("gemma3-270m attn_q+k+v", 1536, 640),
+    shape("gemma3-270m ffn_gate+up", 4096, 640),
     shape("gemma3-270m attn_q", 1024, 640),
     shape("gemma3-270m attn_k/v", 256, 640),
     shape("gemma3-270m attn_output", 640, 1024),
@@ -45,8 +49,11 @@ pub const GEMMA3_270M: [Shape; 6] = [
     shape("gemma3-270m output", 262144, 640),
 ];
 
-/// Llama 3 8B: n_embd 4096, 32 query heads x 128, 8 KV heads x 128, n_ff 14336, vocab 128256.
-pub const LLAMA3_8B: [Shape; 5] = [
+/// Llama 3 8B: n_embd 4096, 32 query heads x 128, 8 KV heads x 128, n_ff 14336, vocab 128256
+/// (the `+` shapes as above).
+pub const LLAMA3_8B: [Shape; 7] = [
+    shape("llama3-8b attn_q+k+v", 6144, 4096),
+    shape("llama3-8b ffn_gate+up", 28672, 4096),
     shape("llama3-8b attn_q/output", 4096, 4096),
     shape("llama3-8b attn_k/v", 1024, 4096),
     shape("llama3-8b ffn_gate/up", 14336, 4096),
