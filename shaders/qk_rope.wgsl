@@ -10,6 +10,8 @@
 //
 // Defines (chosen in src/ops/qk_rope.rs):
 //   WG_SIZE: invocations per workgroup, a power of two (the norm's tree reduction halves it).
+//   PPT: rope pairs per invocation, ceil(head_dim / 2 / WG_SIZE) (a constant trip count: the
+//     loads of all of them are issued together).
 //   SRC: q, k and v are read from one source, the fused projection output `k` (T, in_stride):
 //     q head j of token t at q_offset + t * in_stride + j * q_head_stride, k and v heads at
 //     k_offset (v_offset) + t * in_stride + j * head_dim; the roped q is written to `q` (T, n_head, head_dim) from element 0.
@@ -112,12 +114,43 @@ fn qk_rope(
         vb = p.v_offset + r * p.head_dim;
 #endif
     }
+    // Every load first, before the norm's barriers: this thread's pairs j = lid + WG_SIZE * u
+    // (u < PPT; indices clamped to the last pair), their weights, rope turns and V values. A
+    // loop iteration that loads waits for its loads before the next issues any, so loads spread
+    // over the norm's loop and the rope's loop cost a memory round trip each.
+    let half = p.head_dim / 2u;
+    var a0: array<f32, PPT>;
+    var a1: array<f32, PPT>;
+    var fr: array<vec2<u32>, PPT>;
+    var v0: array<f32, PPT>;
+    var v1: array<f32, PPT>;
 #ifdef NORM
+    let wb = select(p.head_dim, 0u, is_q);
+    var w0: array<f32, PPT>;
+    var w1: array<f32, PPT>;
+#endif
+    for (var u = 0u; u < PPT; u++) {
+        let j = min(lid + WG_SIZE * u, half - 1u);
+        let e = rope_pair(j, p.n_rot, p.rope_type);
+        a0[u] = load(is_q, base + e.x);
+        a1[u] = load(is_q, base + e.y);
+        fr[u] = freq[min(j, max(p.n_rot / 2u, 1u) - 1u)];
+        // (q rows read V values too, from the start of the buffer, and drop them.)
+        v0[u] = load_v(vb + 2u * j);
+        v1[u] = load_v(vb + 2u * j + 1u);
+#ifdef NORM
+        w0[u] = norm_w[wb + e.x];
+        w1[u] = norm_w[wb + e.y];
+#endif
+    }
+#ifdef NORM
+    // The pairs cover the head once: the sum of squares is over them.
     var ss = 0.0;
     if live {
-        for (var i = lid; i < p.head_dim; i += WG_SIZE) {
-            let x = load(is_q, base + i);
-            ss += x * x;
+        for (var u = 0u; u < PPT; u++) {
+            if lid + WG_SIZE * u < half {
+                ss += a0[u] * a0[u] + a1[u] * a1[u];
+            }
         }
     }
     red[lid] = ss;
@@ -129,35 +162,38 @@ fn qk_rope(
         workgroupBarrier();
     }
     let inv = 1.0 / sqrt(red[0] / f32(p.head_dim) + p.eps);
-    let wb = select(p.head_dim, 0u, is_q);
 #endif
     if !live {
         return;
     }
     let pos = step.pos0 + p.pos0 + t;
     let cell = (pos * p.n_kv_head + h) * p.head_dim;
-    for (var j = lid; j < p.head_dim / 2u; j += WG_SIZE) {
+    for (var u = 0u; u < PPT; u++) {
+        let j = lid + WG_SIZE * u;
+        if j >= half {
+            break;
+        }
         let e = rope_pair(j, p.n_rot, p.rope_type);
-        var a0 = load(is_q, base + e.x);
-        var a1 = load(is_q, base + e.y);
+        var x0 = a0[u];
+        var x1 = a1[u];
 #ifdef NORM
-        a0 = a0 * inv * norm_w[wb + e.x];
-        a1 = a1 * inv * norm_w[wb + e.y];
+        x0 = x0 * inv * w0[u];
+        x1 = x1 * inv * w1[u];
 #endif
         if j < p.n_rot / 2u {
-            let cs = rope_cos_sin(pos, freq[j]) * p.attn_factor;
-            let r = rotate_rope(a0, a1, cs.x, cs.y);
-            a0 = r.x;
-            a1 = r.y;
+            let cs = rope_cos_sin(pos, fr[u]) * p.attn_factor;
+            let r = rotate_rope(x0, x1, cs.x, cs.y);
+            x0 = r.x;
+            x1 = r.y;
         }
         if is_q {
-            q[qout + e.x] = a0;
-            q[qout + e.y] = a1;
+            q[qout + e.x] = x0;
+            q[qout + e.y] = x1;
         } else {
-            k_cache[cell + e.x] = a0;
-            k_cache[cell + e.y] = a1;
-            v_cache[cell + 2u * j] = load_v(vb + 2u * j);
-            v_cache[cell + 2u * j + 1u] = load_v(vb + 2u * j + 1u);
+            k_cache[cell + e.x] = x0;
+            k_cache[cell + e.y] = x1;
+            v_cache[cell + 2u * j] = v0[u];
+            v_cache[cell + 2u * j + 1u] = v1[u];
         }
     }
 }

@@ -24,7 +24,8 @@ const ATOL: f32 = 1e-5;
 /// Cells past the last token's position hold this: a kernel reading them would show it.
 const POISON: f32 = 1e3;
 
-const SHAPES: [SplitConfig; 3] = [
+const SHAPES: [SplitConfig; 4] = [
+    SplitConfig::new(256, 16, 16), // the engine's default (SplitConfig::for_device)
     SplitConfig::new(128, 32, 16),
     SplitConfig::new(256, 64, 8),
     SplitConfig::new(64, 4, 1),

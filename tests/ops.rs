@@ -595,7 +595,8 @@ fn qk_rope_check(
 gpu_test!(qk_rope_norms_ropes_and_writes_the_cache, async {
     // QK-norm (or none) + rope of q in place and of k into the cache, v copied, in one dispatch,
     // against the norm and rope references: the real model's 4 x 256 heads over 1 KV head
-    // (NeoX), GQA 6 over 2 heads of 64 NORM with partial rotary, one token and several.
+    // (NeoX), GQA 6 over 2 heads of 64 NORM with partial rotary, one token and several, and
+    // heads of more pairs than a workgroup has threads.
     let ctx = common::context().await;
     let mut rng = Rng::new(23);
     let eps = 1e-6f32;
@@ -616,6 +617,9 @@ gpu_test!(qk_rope_norms_ropes_and_writes_the_cache, async {
         (6, 2, 64, 64, RopeType::Neox, 5, false, 1.0),
         (1, 1, 2, 2, RopeType::Norm, 1, true, 1.0),
         (3, 1, 96, 72, RopeType::Neox, 2, false, 1.19),
+        // 160 pairs a head: two a thread of a 128-thread workgroup (PPT 2), the second masked
+        // on most threads.
+        (2, 1, 320, 320, RopeType::Neox, 2, true, 1.0),
     ];
     for (n_head, n_kv, hd, n_rot, rt, t, norm, attn_factor) in cases {
         let what = format!(
@@ -719,6 +723,9 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
         (6, 2, 64, 32, RopeType::Norm, 3, true, 1.0),
         (6, 2, 64, 64, RopeType::Neox, 5, false, 1.0),
         (3, 1, 96, 72, RopeType::Neox, 2, false, 1.19),
+        // 160 pairs a head: two a thread of a 128-thread workgroup (PPT 2), the second masked
+        // on most threads.
+        (2, 1, 320, 320, RopeType::Neox, 2, true, 1.0),
     ];
     // Each case also with every q head followed by its output gate (Qwen3.5's q projection).
     let cases = cases.into_iter().flat_map(|c| [(c, false), (c, true)]);

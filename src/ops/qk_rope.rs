@@ -67,13 +67,17 @@ impl WgslParams for QkRopeParams {
     ];
 }
 
-pub fn key(norm: bool, workgroup_size: u32) -> PipelineKey {
-    key_src(norm, false, workgroup_size)
+pub fn key(norm: bool, workgroup_size: u32, head_dim: u32) -> PipelineKey {
+    key_src(norm, false, workgroup_size, head_dim)
 }
 
-/// The key with `SRC` (q, k and v read from one fused projection output) when `src`.
-pub fn key_src(norm: bool, src: bool, workgroup_size: u32) -> PipelineKey {
-    let mut k = PipelineKey::new(SHADER, ENTRY).workgroup_size(workgroup_size);
+/// The key with `SRC` (q, k and v read from one fused projection output) when `src`, for heads
+/// of `head_dim` values (`PPT`: the rope pairs each invocation takes).
+pub fn key_src(norm: bool, src: bool, workgroup_size: u32, head_dim: u32) -> PipelineKey {
+    let ppt = (head_dim / 2).div_ceil(workgroup_size.max(1)).max(1);
+    let mut k = PipelineKey::new(SHADER, ENTRY)
+        .workgroup_size(workgroup_size)
+        .define("PPT", format!("{ppt}u"));
     if norm {
         k = k.define("NORM", "");
     }
@@ -87,8 +91,8 @@ pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for norm in [false, true] {
         for src in [false, true] {
-            for wg in [32u32, 64, 128] {
-                let k = key_src(norm, src, wg);
+            for (wg, head_dim) in [(32u32, 64), (64, 128), (128, 256), (32, 256)] {
+                let k = key_src(norm, src, wg, head_dim);
                 v.push(Variant {
                     shader: k.shader,
                     entry: k.entry,
@@ -274,6 +278,7 @@ fn prepare_inner(
         norm.is_some(),
         src_stride.is_some(),
         workgroup_size(ctx, c.head_dim as u32),
+        c.head_dim as u32,
     ))?;
     let params = QkRopeParams {
         n_tokens,
