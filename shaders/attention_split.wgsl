@@ -18,8 +18,6 @@
 // Defines (chosen in src/ops/attention_split.rs, which reads CHUNK and WG_SIZE back for the grid
 // and the scratch size):
 //   WG_SIZE: invocations per workgroup (a power of two, >= NV: one thread per vector of V).
-//   NV: vectors of width W in a head (head_dim / W), so every loop below has a constant trip
-//     count.
 //   CHUNK: cells per partial workgroup (a multiple of 4).
 //   TEAM: threads that share one cell's q . k (a power of two dividing WG_SIZE): lane r of a team
 //     reads vectors r, r + TEAM, ... of the K row, so a team's loads are consecutive words
@@ -29,16 +27,14 @@
 // The workgroup index is linear in a 2-D grid (get_wid), so the grid may pass 65535 workgroups.
 //
 // Loads and loops: a loop iteration that loads from memory waits for its loads before the next
-// iteration issues any (on an H200 with naga's SPIR-V, measured on the RMS norm: docs/dispatch.md),
-// and a decode step runs these two dispatches once a layer, each a chain of such waits. So the
-// partial issues all its loads (its lanes' share of Q, the chunk's K rows and V rows) before any
-// arithmetic, in loops of constant trip count over clamped indices (cells past the chunk's
-// allowed end re-read its last cell, their results dropped); the reduce walks its chunks RU at a
-// time the same way, with a running max so that the maxima and the sums come in one pass.
+// iteration issues any (measured on an H200 with naga's SPIR-V: docs/dispatch.md), and a decode
+// step runs these two dispatches once a layer. So the loops over a K row, over a chunk's V rows
+// and over the reduce's chunks take four a step, in explicit variables (an array indexed in a
+// loop may be placed in local memory), their indices clamped and the terms past the end dropped.
 //
 // Loop iterations per invocation (lavapipe stops every loop of an invocation after 65535 in
 // total: attention.wgsl, LOOP_NOTE): the partial runs O(CHUNK + NV) iterations; the reduce
-// O(chunks / (groups * RU) + WG_SIZE / NV), a few thousand for a 128k-cell cache.
+// O(chunks / WG_SIZE + chunks / groups), a few thousand for a 128k-cell cache.
 //
 // Scratch layout, in vectors of the variant's width W:
 //   o:  (n_tokens * n_head, n_chunks, NV) from vector 0
@@ -83,12 +79,8 @@ fn pack_ml(m: f32, l: f32) -> VecN {
 @group(0) @binding(5) var<storage, read_write> out: array<VecN>;       // (n_tokens, n_head, NV) from out_offset / W
 @group(0) @binding(6) var<storage, read> step: StepState;              // this step's positions
 
+const NV_MAX: u32 = 256u / W; // head_dim <= 256
 const TEAMS: u32 = WG_SIZE / TEAM;
-const NVT: u32 = (NV + TEAM - 1u) / TEAM;       // vectors of a K row each lane of a team reads
-const CPT: u32 = (CHUNK + TEAMS - 1u) / TEAMS;  // cells each team scores
-const GROUPS: u32 = WG_SIZE / NV;               // thread groups of the V sum (NV threads each)
-const VPT: u32 = (CHUNK + GROUPS - 1u) / GROUPS; // V rows each thread adds
-const RU: u32 = 4u;                             // chunks a reduce thread loads per loop step
 // Row stride of `red`: one pad word so the lanes of a team and the cells of a column fall in
 // different banks.
 const RED_STRIDE: u32 = TEAM + 1u;
@@ -96,12 +88,13 @@ const RED_STRIDE: u32 = TEAM + 1u;
 // inf - inf NaN can arise.
 const NEG_BIG: f32 = -1e30;
 
+var<workgroup> qv: array<VecN, NV_MAX>;                 // this (token, head)'s query
 var<workgroup> red: array<f32, CHUNK * RED_STRIDE>;    // (CHUNK, TEAM) partial dots
 var<workgroup> sc: array<vec4<f32>, CHUNK / 4u>;       // the chunk's scores, four per entry
 var<workgroup> pw: array<f32, CHUNK>;                  // exp(score - chunk max)
-var<workgroup> part: array<VecN, WG_SIZE>;             // (GROUPS, NV) partial V sums
-var<workgroup> lpart: array<f32, WG_SIZE>;             // (GROUPS, NV) partial softmax sums
-var<workgroup> mpart: array<f32, WG_SIZE>;             // (GROUPS, NV) the reduce's partial maxima
+var<workgroup> part: array<VecN, WG_SIZE>;             // (groups, NV) partial V sums
+var<workgroup> lpart: array<f32, WG_SIZE>;             // (groups, NV) partial softmax sums
+var<workgroup> mred: array<f32, WG_SIZE>;              // the reduce's max tree
 
 // First cell token `pos` sees: the window start, or 0.
 fn first_cell(pos: u32) -> u32 {
@@ -144,42 +137,38 @@ fn partial(
         return;
     }
     let n = c1 - c0;
-    let qb = p.q_offset / W + pair * NV;
-    let rs = p.n_kv_head * NV; // vectors from K[c, kvh, j] to K[c + 1, kvh, j]
-    let kb = (c0 * p.n_kv_head + kvh) * NV;
+    let nv = p.head_dim / W;
+    let qb = p.q_offset / W + pair * nv;
+    for (var j = lid; j < nv; j += WG_SIZE) {
+        qv[j] = q[qb + j];
+    }
+    workgroupBarrier();
 
-    // Every load first. Scores: team g takes cells g + TEAMS * i (i < CPT); its lane r reads
-    // vectors r + TEAM * u (u < NVT) of Q and of each K row (a team's loads are consecutive
-    // words). The V sum: thread (vg, j) adds vector j of cells vg + GROUPS * u (u < VPT).
+    // Scores: team g takes cells g, g + TEAMS, ...; its lane r sums vectors r, r + TEAM, ...
+    let rs = p.n_kv_head * nv; // vectors from K[c, kvh, j] to K[c + 1, kvh, j]
+    let kb = (c0 * p.n_kv_head + kvh) * nv;
     let g = lid / TEAM;
     let r = lid % TEAM;
-    var qr: array<VecN, NVT>;
-    var kr: array<VecN, NVT * CPT>;
-    for (var u = 0u; u < NVT; u++) {
-        qr[u] = q[qb + min(r + TEAM * u, NV - 1u)];
-    }
-    for (var i = 0u; i < CPT; i++) {
-        let row = kb + min(g + TEAMS * i, n - 1u) * rs;
-        for (var u = 0u; u < NVT; u++) {
-            kr[i * NVT + u] = k_cache[row + min(r + TEAM * u, NV - 1u)];
-        }
-    }
-    let vg = lid / NV;
-    let j = lid % NV;
-    var vr: array<VecN, VPT>;
-    for (var u = 0u; u < VPT; u++) {
-        vr[u] = v_cache[kb + j + min(vg + GROUPS * u, n - 1u) * rs];
-    }
-
-    for (var i = 0u; i < CPT; i++) {
-        let c = g + TEAMS * i;
+    // Four vectors a step, loaded together (see "Loads and loops" above); past the row's end a
+    // lane re-reads its last vector and drops the product.
+    let jl = nv - 1u;
+    for (var i = g; i < n; i += TEAMS) {
+        let row = kb + i * rs;
         var d = 0.0;
-        for (var u = 0u; u < NVT; u++) {
-            d += select(0.0, dot(qr[u], kr[i * NVT + u]), r + TEAM * u < NV);
+        for (var j = r; j < nv; j += 4u * TEAM) {
+            let j1 = j + TEAM;
+            let j2 = j + 2u * TEAM;
+            let j3 = j + 3u * TEAM;
+            let k0 = k_cache[row + j];
+            let k1 = k_cache[row + min(j1, jl)];
+            let k2 = k_cache[row + min(j2, jl)];
+            let k3 = k_cache[row + min(j3, jl)];
+            d += dot(qv[j], k0);
+            d += select(0.0, dot(qv[min(j1, jl)], k1), j1 < nv);
+            d += select(0.0, dot(qv[min(j2, jl)], k2), j2 < nv);
+            d += select(0.0, dot(qv[min(j3, jl)], k3), j3 < nv);
         }
-        if c < n {
-            red[c * RED_STRIDE + r] = d;
-        }
+        red[i * RED_STRIDE + r] = d;
     }
     workgroupBarrier();
     for (var i = lid; i < CHUNK; i += WG_SIZE) {
@@ -196,39 +185,58 @@ fn partial(
     workgroupBarrier();
     // The chunk max: every thread reads every score (broadcast reads of workgroup memory).
     var mv = vec4<f32>(NEG_BIG);
-    for (var i = 0u; i < CHUNK / 4u; i++) {
+    for (var i = 0u; i < (n + 3u) / 4u; i++) {
         mv = max(mv, sc[i]);
     }
     let m = max(max(mv.x, mv.y), max(mv.z, mv.w));
-    for (var i = lid; i < CHUNK; i += WG_SIZE) {
-        pw[i] = select(0.0, exp(sc[i / 4u][i % 4u] - m), i < n);
+    for (var i = lid; i < n; i += WG_SIZE) {
+        pw[i] = exp(sc[i / 4u][i % 4u] - m);
     }
     workgroupBarrier();
 
+    // The V sum: thread (vg, j) adds vector j of cells vg, vg + groups, ... (consecutive threads
+    // read consecutive vectors of a V row).
+    let groups = WG_SIZE / nv;
+    let vg = lid / nv;
+    let j = lid % nv;
     var acc = VecN(0.0);
     var l = 0.0;
-    if vg < GROUPS {
-        for (var u = 0u; u < VPT; u++) {
-            let c = vg + GROUPS * u;
-            let wc = select(0.0, pw[min(c, CHUNK - 1u)], c < n);
-            l += wc;
-            acc += wc * vr[u];
+    if vg < groups {
+        // Four cells a step, loaded together; past the chunk's end the weight is 0.
+        let vb = kb + j;
+        let il = n - 1u;
+        for (var i = vg; i < n; i += 4u * groups) {
+            let i1 = i + groups;
+            let i2 = i + 2u * groups;
+            let i3 = i + 3u * groups;
+            let v0 = v_cache[vb + i * rs];
+            let v1 = v_cache[vb + min(i1, il) * rs];
+            let v2 = v_cache[vb + min(i2, il) * rs];
+            let v3 = v_cache[vb + min(i3, il) * rs];
+            let w0 = pw[i];
+            let w1 = select(0.0, pw[min(i1, il)], i1 < n);
+            let w2 = select(0.0, pw[min(i2, il)], i2 < n);
+            let w3 = select(0.0, pw[min(i3, il)], i3 < n);
+            l += w0 + w1;
+            acc += w0 * v0 + w1 * v1;
+            l += w2 + w3;
+            acc += w2 * v2 + w3 * v3;
         }
     }
     part[lid] = acc;
     lpart[lid] = l;
     workgroupBarrier();
-    if lid < NV {
+    if lid < nv {
         var a = VecN(0.0);
         var ls = 0.0;
-        for (var gg = 0u; gg < GROUPS; gg++) {
-            a += part[gg * NV + lid];
-            ls += lpart[gg * NV + lid];
+        for (var gg = 0u; gg < groups; gg++) {
+            a += part[gg * nv + lid];
+            ls += lpart[gg * nv + lid];
         }
         let slot = pair * p.n_chunks + chunk;
-        scratch[slot * NV + lid] = a;
+        scratch[slot * nv + lid] = a;
         if lid == 0u {
-            scratch[p.n_tokens * p.n_head * p.n_chunks * NV + slot] = pack_ml(m, ls);
+            scratch[p.n_tokens * p.n_head * p.n_chunks * nv + slot] = pack_ml(m, ls);
         }
     }
 }
@@ -249,54 +257,70 @@ fn reduce(
     // The chunks the partial wrote this step: those holding an allowed cell.
     let k0 = first_cell(pos) / CHUNK;
     let k1 = pos / CHUNK + 1u;
+    let nv = p.head_dim / W;
     let slot0 = pair * p.n_chunks;
-    let mlb = n_pairs * p.n_chunks * NV + slot0;
+    let mlb = n_pairs * p.n_chunks * nv + slot0;
 
-    // Thread (vg, j) takes vector j of chunks k0 + vg, k0 + vg + GROUPS, ..., RU a step (loads
-    // first, clamped to the last chunk), and keeps a running max mt: acc and l are sums scaled
-    // by exp(-mt).
-    let vg = lid / NV;
-    let j = lid % NV;
+    // M = max m_i: strided, then a tree over the workgroup.
+    var mm = NEG_BIG;
+    for (var i = k0 + lid; i < k1; i += WG_SIZE) {
+        mm = max(mm, scratch[mlb + i].x);
+    }
+    mred[lid] = mm;
+    workgroupBarrier();
+    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            mred[lid] = max(mred[lid], mred[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let big_m = mred[0];
+
+    // Thread (vg, j) rescales and adds vector j of chunks k0 + vg, k0 + vg + groups, ...
+    let groups = WG_SIZE / nv;
+    let vg = lid / nv;
+    let j = lid % nv;
     var acc = VecN(0.0);
     var l = 0.0;
-    var mt = NEG_BIG;
-    if vg < GROUPS {
-        for (var i = k0 + vg; i < k1; i += RU * GROUPS) {
-            var ml: array<VecN, RU>;
-            var o: array<VecN, RU>;
-            for (var u = 0u; u < RU; u++) {
-                let c = min(i + GROUPS * u, k1 - 1u);
-                ml[u] = scratch[mlb + c];
-                o[u] = scratch[(slot0 + c) * NV + j];
-            }
-            for (var u = 0u; u < RU; u++) {
-                if i + GROUPS * u < k1 {
-                    let mn = max(mt, ml[u].x);
-                    let keep = exp(mt - mn);
-                    let e = exp(ml[u].x - mn);
-                    acc = acc * keep + e * o[u];
-                    l = l * keep + e * ml[u].y;
-                    mt = mn;
-                }
-            }
+    if vg < groups {
+        // Four chunks a step, loaded together; past the last chunk the weight is 0.
+        let cl = k1 - 1u;
+        for (var i = k0 + vg; i < k1; i += 4u * groups) {
+            let c1 = i + groups;
+            let c2 = i + 2u * groups;
+            let c3 = i + 3u * groups;
+            let ml0 = scratch[mlb + i];
+            let ml1 = scratch[mlb + min(c1, cl)];
+            let ml2 = scratch[mlb + min(c2, cl)];
+            let ml3 = scratch[mlb + min(c3, cl)];
+            let o0 = scratch[(slot0 + i) * nv + j];
+            let o1 = scratch[(slot0 + min(c1, cl)) * nv + j];
+            let o2 = scratch[(slot0 + min(c2, cl)) * nv + j];
+            let o3 = scratch[(slot0 + min(c3, cl)) * nv + j];
+            let e0 = exp(ml0.x - big_m);
+            let e1 = select(0.0, exp(ml1.x - big_m), c1 < k1);
+            let e2 = select(0.0, exp(ml2.x - big_m), c2 < k1);
+            let e3 = select(0.0, exp(ml3.x - big_m), c3 < k1);
+            l += ml0.y * e0;
+            acc += e0 * o0;
+            l += ml1.y * e1;
+            acc += e1 * o1;
+            l += ml2.y * e2;
+            acc += e2 * o2;
+            l += ml3.y * e3;
+            acc += e3 * o3;
         }
     }
     part[lid] = acc;
     lpart[lid] = l;
-    mpart[lid] = mt;
     workgroupBarrier();
-    if lid < NV {
-        var big_m = NEG_BIG;
-        for (var gg = 0u; gg < GROUPS; gg++) {
-            big_m = max(big_m, mpart[gg * NV + lid]);
-        }
+    if lid < nv {
         var a = VecN(0.0);
         var ls = 0.0;
-        for (var gg = 0u; gg < GROUPS; gg++) {
-            let e = exp(mpart[gg * NV + lid] - big_m);
-            a += e * part[gg * NV + lid];
-            ls += e * lpart[gg * NV + lid];
+        for (var gg = 0u; gg < groups; gg++) {
+            a += part[gg * nv + lid];
+            ls += lpart[gg * nv + lid];
         }
-        out[p.out_offset / W + pair * NV + lid] = a / ls;
+        out[p.out_offset / W + pair * nv + lid] = a / ls;
     }
 }

@@ -19,8 +19,7 @@
 //   warp's loads are strided by a unit: on an H200 that read X through the L1 cache ~16 times
 //   more often than the bytes needed, and W at a third of copy bandwidth.
 //   UNROLL (with WORDS): items a lane decodes per loop step (a constant trip count the compiler
-//   unrolls, so their loads are in flight together); the last step is masked, not a remainder
-//   loop, so every step issues UNROLL items' loads at once.
+//   unrolls, so their loads are in flight together).
 //   W_VEC4 (with WORDS, Q8_0 / Q4_K / Q5_K): W is bound as vec4 and an item is 16 bytes, one
 //   load (quant_decls.tmpl); the host sets it only where every row starts on a 16-byte boundary.
 //   ROWS (with W_VEC4, SUBGROUP and NT = 1): a team takes NR rows, r, r + RPW, ... and reads
@@ -361,16 +360,14 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
         let rs = RG * p.row_words;
         let n = items();
         const STEP = TPR * KS;
-        // Whole groups of UNROLL items, the last one masked as in `matmul` below.
-        for (var j = kq * TPR + lane; j < n; j += UNROLL * STEP) {
+        var j = kq * TPR + lane;
+        for (; j + (UNROLL - 1u) * STEP < n; j += UNROLL * STEP) {
             for (var u = 0u; u < UNROLL; u++) {
-                let ju = j + u * STEP;
-                let kept = accr;
-                item_rows(rb, rs, min(ju, n - 1u));
-                for (var k = 0u; k < NR; k++) {
-                    accr[k] = select(accr[k], kept[k], ju >= n);
-                }
+                item_rows(rb, rs, j + u * STEP);
             }
+        }
+        for (; j < n; j += STEP) {
+            item_rows(rb, rs, j);
         }
     }
 #ifdef SUBGROUP
@@ -483,21 +480,16 @@ fn matmul(
     if live {
         let rb = r * p.row_words;
 #ifdef WORDS
-        // UNROLL items per lane per step, their loads independent: bytes in flight. The last
-        // step is masked: its items past the row's end load the row's last item (an index in
-        // bounds) and their sums are dropped, so a lane issues every step's loads together. (A
-        // remainder loop of one item a step waited a memory round trip per item: on an H200 each
-        // loop iteration that loads waits for its loads before the next one issues any.)
+        // UNROLL items per lane per step, their loads independent: bytes in flight.
         let n = items();
-        for (var j = lane; j < n; j += UNROLL * TPR) {
+        var j = lane;
+        for (; j + (UNROLL - 1u) * TPR < n; j += UNROLL * TPR) {
             for (var k = 0u; k < UNROLL; k++) {
-                let jk = j + k * TPR;
-                let kept = acc;
-                item(rb, min(jk, n - 1u));
-                for (var t = 0u; t < NT; t++) {
-                    acc[t] = select(acc[t], kept[t], jk >= n);
-                }
+                item(rb, j + k * TPR);
             }
+        }
+        for (; j < n; j += TPR) {
+            item(rb, j);
         }
 #else
         for (var u = lane; u < p.units; u += TPR) {

@@ -14,7 +14,7 @@
 
 use std::mem::offset_of;
 
-use super::attention::AttentionParams;
+use super::attention::{AttentionParams, MAX_HEAD_DIM};
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
 use crate::gpu::{grid_2d, CachedPipeline, GpuContext, PipelineKey, Recorder};
@@ -155,9 +155,8 @@ impl SplitConfig {
         Ok(cfg)
     }
 
-    /// Workgroup memory of the shader (both entries declare the same arrays): the (CHUNK,
-    /// TEAM + 1) partial dots, scores and weights of the chunk, and per thread a vector and two
-    /// floats.
+    /// Workgroup memory of the partial entry (the larger): the query, the (CHUNK, TEAM + 1)
+    /// partial dots, scores and weights of the chunk, and per thread a vector and a float.
     pub fn workgroup_bytes(&self, vec4: bool) -> u64 {
         let w = if vec4 { 4 } else { 2 };
         let (wg, chunk, team) = (
@@ -165,19 +164,16 @@ impl SplitConfig {
             self.chunk as u64,
             self.team as u64,
         );
-        4 * (chunk * (team + 1) + 2 * chunk + wg * (w + 2))
+        4 * (MAX_HEAD_DIM as u64 + chunk * (team + 1) + 2 * chunk + wg * (w + 1))
     }
 }
 
-/// The pipeline of `entry` ([`ENTRY_PARTIAL`] or [`ENTRY_REDUCE`]) in shape `cfg`, for heads
-/// of `head_dim` values (`NV`: the loops' trip counts are constants).
-pub fn key(cfg: SplitConfig, vec4: bool, head_dim: u32, entry: &'static str) -> PipelineKey {
-    let nv = head_dim / if vec4 { 4 } else { 2 };
+/// The pipeline of `entry` ([`ENTRY_PARTIAL`] or [`ENTRY_REDUCE`]) in shape `cfg`.
+pub fn key(cfg: SplitConfig, vec4: bool, entry: &'static str) -> PipelineKey {
     let k = PipelineKey::new(SHADER, entry)
         .workgroup_size(cfg.workgroup_size)
         .define("CHUNK", format!("{}u", cfg.chunk))
-        .define("TEAM", format!("{}u", cfg.team))
-        .define("NV", format!("{nv}u"));
+        .define("TEAM", format!("{}u", cfg.team));
     if vec4 {
         k.define("VEC4", "")
     } else {
@@ -203,9 +199,9 @@ pub fn variants() -> Vec<Variant> {
         SplitConfig::new(256, 64, 8),
         SplitConfig::new(64, 4, 1),
     ] {
-        for (vec4, head_dim) in [(false, 64), (true, 128), (true, 256)] {
+        for vec4 in [false, true] {
             for entry in [ENTRY_PARTIAL, ENTRY_REDUCE] {
-                let k = key(cfg, vec4, head_dim, entry);
+                let k = key(cfg, vec4, entry);
                 v.push(Variant {
                     shader: k.shader,
                     entry: k.entry,
@@ -325,8 +321,8 @@ pub fn prepare(
     }
     let vec4 = use_vec4(p);
     let cfg = cfg.fit(ctx, p.head_dim, vec4)?;
-    let partial = ctx.pipeline(&key(cfg, vec4, p.head_dim, ENTRY_PARTIAL))?;
-    let reduce = ctx.pipeline(&key(cfg, vec4, p.head_dim, ENTRY_REDUCE))?;
+    let partial = ctx.pipeline(&key(cfg, vec4, ENTRY_PARTIAL))?;
+    let reduce = ctx.pipeline(&key(cfg, vec4, ENTRY_REDUCE))?;
     let chunk = chunk_of(&partial)? as u64;
     let n_chunks = max_cells.div_ceil(chunk);
     let pairs = p.n_tokens as u64 * p.n_head as u64;

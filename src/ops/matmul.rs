@@ -129,18 +129,6 @@ pub fn gemv_min_workgroups() -> u64 {
     crate::gpu::knob::knob_u64("CERA_GEMV_MIN_WG").unwrap_or(GEMV_MIN_WORKGROUPS)
 }
 
-/// Items a GEMV lane decodes per loop step (`UNROLL`) when it has `per_lane` items of a row: all
-/// of them up to [`GEMV_UNROLL`] (`CERA_GEMV_UNROLL` overrides it), in a power of two. Every
-/// step issues that many items' loads together, the last step masked; a lane with fewer items
-/// than that would load its last item again for nothing.
-pub fn gemv_unroll(per_lane: u64) -> u32 {
-    let most = crate::gpu::knob::knob_u64("CERA_GEMV_UNROLL").unwrap_or(GEMV_UNROLL as u64);
-    per_lane.max(1).next_power_of_two().min(most.clamp(1, 16)) as u32
-}
-
-/// The most items a GEMV lane takes per loop step by default.
-pub const GEMV_UNROLL: u32 = 4;
-
 /// Threads a GEMV aims to keep in flight: a large GPU's resident threads a couple of times over
 /// (an H200 holds 132 x 2048), more than a small GPU needs, where larger teams only add a
 /// short reduction.
@@ -303,20 +291,14 @@ impl MatmulConfig {
             return Self {
                 rows_per_team: nr,
                 k_split: ks as u32,
-                unroll: gemv_unroll(items.div_ceil(tpr as u64 * ks)),
                 ..Self::team(wg, tpr, 1)
             }
             .fit(ctx);
         }
-        let items = items_per_row(ty, cols);
         let by_rows = (GEMV_THREADS / rows.max(1)).next_power_of_two();
-        let by_items = (items / 4).max(1).next_power_of_two();
+        let by_items = (items_per_row(ty, cols) / 4).max(1).next_power_of_two();
         let tpr = by_rows.min(by_items).clamp(8, 32) as u32;
-        Self {
-            unroll: gemv_unroll(items.div_ceil(tpr as u64)),
-            ..Self::team(wg, tpr, 1)
-        }
-        .fit(ctx)
+        Self::team(wg, tpr, 1).fit(ctx)
     }
 
     /// The GEMM shape for this device and a batch of `n_tokens` (8 tokens per invocation; on a
