@@ -28,9 +28,11 @@
 //
 // Loads and loops: a loop iteration that loads from memory waits for its loads before the next
 // iteration issues any (measured on an H200 with naga's SPIR-V: docs/dispatch.md), and a decode
-// step runs these two dispatches once a layer. So the loops over a K row, over a chunk's V rows
-// and over the reduce's chunks take four a step, in explicit variables (an array indexed in a
-// loop may be placed in local memory), their indices clamped and the terms past the end dropped.
+// step runs these two dispatches once a layer. So the partial reads Q beside K (not through
+// workgroup memory), loads its first V rows before the scores, and its loops over a K row and
+// over a chunk's V rows take four a step; the reduce makes one pass over its chunks, four a
+// step, with a running max. The four are explicit variables (an array indexed in a loop may be
+// placed in local memory), their indices clamped and the terms past the end dropped.
 //
 // Loop iterations per invocation (lavapipe stops every loop of an invocation after 65535 in
 // total: attention.wgsl, LOOP_NOTE): the partial runs O(CHUNK + NV) iterations; the reduce
@@ -79,7 +81,6 @@ fn pack_ml(m: f32, l: f32) -> VecN {
 @group(0) @binding(5) var<storage, read_write> out: array<VecN>;       // (n_tokens, n_head, NV) from out_offset / W
 @group(0) @binding(6) var<storage, read> step: StepState;              // this step's positions
 
-const NV_MAX: u32 = 256u / W; // head_dim <= 256
 const TEAMS: u32 = WG_SIZE / TEAM;
 // Row stride of `red`: one pad word so the lanes of a team and the cells of a column fall in
 // different banks.
@@ -88,13 +89,12 @@ const RED_STRIDE: u32 = TEAM + 1u;
 // inf - inf NaN can arise.
 const NEG_BIG: f32 = -1e30;
 
-var<workgroup> qv: array<VecN, NV_MAX>;                 // this (token, head)'s query
 var<workgroup> red: array<f32, CHUNK * RED_STRIDE>;    // (CHUNK, TEAM) partial dots
 var<workgroup> sc: array<vec4<f32>, CHUNK / 4u>;       // the chunk's scores, four per entry
 var<workgroup> pw: array<f32, CHUNK>;                  // exp(score - chunk max)
 var<workgroup> part: array<VecN, WG_SIZE>;             // (groups, NV) partial V sums
 var<workgroup> lpart: array<f32, WG_SIZE>;             // (groups, NV) partial softmax sums
-var<workgroup> mred: array<f32, WG_SIZE>;              // the reduce's max tree
+var<workgroup> mred: array<f32, WG_SIZE>;              // (groups, NV) the reduce's running maxima
 
 // First cell token `pos` sees: the window start, or 0.
 fn first_cell(pos: u32) -> u32 {
@@ -139,34 +139,48 @@ fn partial(
     let n = c1 - c0;
     let nv = p.head_dim / W;
     let qb = p.q_offset / W + pair * nv;
-    for (var j = lid; j < nv; j += WG_SIZE) {
-        qv[j] = q[qb + j];
-    }
-    workgroupBarrier();
-
-    // Scores: team g takes cells g, g + TEAMS, ...; its lane r sums vectors r, r + TEAM, ...
     let rs = p.n_kv_head * nv; // vectors from K[c, kvh, j] to K[c + 1, kvh, j]
     let kb = (c0 * p.n_kv_head + kvh) * nv;
+
+    // The V sum's thread (vg, j) adds vector j of cells vg, vg + groups, ... (consecutive threads
+    // read consecutive vectors of a V row). Its first step's four V rows are loaded here, with
+    // the K rows below: they do not depend on the scores (threads past groups * nv, and cells
+    // past the chunk's end, load clamped indices and use nothing).
+    let groups = WG_SIZE / nv;
+    let vg = lid / nv;
+    let j = lid % nv;
+    let vb = kb + j;
+    let il = n - 1u;
+    var v0 = v_cache[vb + min(vg, il) * rs];
+    var v1 = v_cache[vb + min(vg + groups, il) * rs];
+    var v2 = v_cache[vb + min(vg + 2u * groups, il) * rs];
+    var v3 = v_cache[vb + min(vg + 3u * groups, il) * rs];
+
+    // Scores: team g takes cells g, g + TEAMS, ...; its lane r sums vectors r, r + TEAM, ... of Q
+    // and the K row, four a step, loaded together (see "Loads and loops" above); past the row's
+    // end a lane re-reads its last vector and drops the product.
     let g = lid / TEAM;
     let r = lid % TEAM;
-    // Four vectors a step, loaded together (see "Loads and loops" above); past the row's end a
-    // lane re-reads its last vector and drops the product.
     let jl = nv - 1u;
     for (var i = g; i < n; i += TEAMS) {
         let row = kb + i * rs;
         var d = 0.0;
-        for (var j = r; j < nv; j += 4u * TEAM) {
-            let j1 = j + TEAM;
-            let j2 = j + 2u * TEAM;
-            let j3 = j + 3u * TEAM;
-            let k0 = k_cache[row + j];
-            let k1 = k_cache[row + min(j1, jl)];
-            let k2 = k_cache[row + min(j2, jl)];
-            let k3 = k_cache[row + min(j3, jl)];
-            d += dot(qv[j], k0);
-            d += select(0.0, dot(qv[min(j1, jl)], k1), j1 < nv);
-            d += select(0.0, dot(qv[min(j2, jl)], k2), j2 < nv);
-            d += select(0.0, dot(qv[min(j3, jl)], k3), j3 < nv);
+        for (var jj = r; jj < nv; jj += 4u * TEAM) {
+            let j1 = min(jj + TEAM, jl);
+            let j2 = min(jj + 2u * TEAM, jl);
+            let j3 = min(jj + 3u * TEAM, jl);
+            let q0 = q[qb + jj];
+            let q1 = q[qb + j1];
+            let q2 = q[qb + j2];
+            let q3 = q[qb + j3];
+            let k0 = k_cache[row + jj];
+            let k1 = k_cache[row + j1];
+            let k2 = k_cache[row + j2];
+            let k3 = k_cache[row + j3];
+            d += dot(q0, k0);
+            d += select(0.0, dot(q1, k1), jj + TEAM < nv);
+            d += select(0.0, dot(q2, k2), jj + 2u * TEAM < nv);
+            d += select(0.0, dot(q3, k3), jj + 3u * TEAM < nv);
         }
         red[i * RED_STRIDE + r] = d;
     }
@@ -194,25 +208,21 @@ fn partial(
     }
     workgroupBarrier();
 
-    // The V sum: thread (vg, j) adds vector j of cells vg, vg + groups, ... (consecutive threads
-    // read consecutive vectors of a V row).
-    let groups = WG_SIZE / nv;
-    let vg = lid / nv;
-    let j = lid % nv;
+    // The V sum, four cells a step (the first step's loaded above); past the chunk's end the
+    // weight is 0.
     var acc = VecN(0.0);
     var l = 0.0;
     if vg < groups {
-        // Four cells a step, loaded together; past the chunk's end the weight is 0.
-        let vb = kb + j;
-        let il = n - 1u;
         for (var i = vg; i < n; i += 4u * groups) {
             let i1 = i + groups;
             let i2 = i + 2u * groups;
             let i3 = i + 3u * groups;
-            let v0 = v_cache[vb + i * rs];
-            let v1 = v_cache[vb + min(i1, il) * rs];
-            let v2 = v_cache[vb + min(i2, il) * rs];
-            let v3 = v_cache[vb + min(i3, il) * rs];
+            if i != vg {
+                v0 = v_cache[vb + i * rs];
+                v1 = v_cache[vb + min(i1, il) * rs];
+                v2 = v_cache[vb + min(i2, il) * rs];
+                v3 = v_cache[vb + min(i3, il) * rs];
+            }
             let w0 = pw[i];
             let w1 = select(0.0, pw[min(i1, il)], i1 < n);
             let w2 = select(0.0, pw[min(i2, il)], i2 < n);
@@ -261,29 +271,18 @@ fn reduce(
     let slot0 = pair * p.n_chunks;
     let mlb = n_pairs * p.n_chunks * nv + slot0;
 
-    // M = max m_i: strided, then a tree over the workgroup.
-    var mm = NEG_BIG;
-    for (var i = k0 + lid; i < k1; i += WG_SIZE) {
-        mm = max(mm, scratch[mlb + i].x);
-    }
-    mred[lid] = mm;
-    workgroupBarrier();
-    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            mred[lid] = max(mred[lid], mred[lid + s]);
-        }
-        workgroupBarrier();
-    }
-    let big_m = mred[0];
-
-    // Thread (vg, j) rescales and adds vector j of chunks k0 + vg, k0 + vg + groups, ...
+    // Thread (vg, j) takes vector j of chunks k0 + vg, k0 + vg + groups, ..., four a step,
+    // loaded together (clamped to the last chunk, the terms past it dropped), with a running
+    // max mt: acc and l are its sums scaled by exp(-mt). The groups' sums meet at the end, each
+    // rescaled to the largest max. (One pass over the chunks: the maxima first, then the sums,
+    // waited for the loads twice, and a tree over the workgroup in between.)
     let groups = WG_SIZE / nv;
     let vg = lid / nv;
     let j = lid % nv;
     var acc = VecN(0.0);
     var l = 0.0;
+    var mt = NEG_BIG;
     if vg < groups {
-        // Four chunks a step, loaded together; past the last chunk the weight is 0.
         let cl = k1 - 1u;
         for (var i = k0 + vg; i < k1; i += 4u * groups) {
             let c1 = i + groups;
@@ -297,29 +296,35 @@ fn reduce(
             let o1 = scratch[(slot0 + min(c1, cl)) * nv + j];
             let o2 = scratch[(slot0 + min(c2, cl)) * nv + j];
             let o3 = scratch[(slot0 + min(c3, cl)) * nv + j];
-            let e0 = exp(ml0.x - big_m);
-            let e1 = select(0.0, exp(ml1.x - big_m), c1 < k1);
-            let e2 = select(0.0, exp(ml2.x - big_m), c2 < k1);
-            let e3 = select(0.0, exp(ml3.x - big_m), c3 < k1);
-            l += ml0.y * e0;
-            acc += e0 * o0;
-            l += ml1.y * e1;
-            acc += e1 * o1;
-            l += ml2.y * e2;
-            acc += e2 * o2;
-            l += ml3.y * e3;
-            acc += e3 * o3;
+            let m1 = select(NEG_BIG, ml1.x, c1 < k1);
+            let m2 = select(NEG_BIG, ml2.x, c2 < k1);
+            let m3 = select(NEG_BIG, ml3.x, c3 < k1);
+            let mn = max(max(mt, ml0.x), max(m1, max(m2, m3)));
+            let keep = exp(mt - mn);
+            let e0 = exp(ml0.x - mn);
+            let e1 = exp(m1 - mn);
+            let e2 = exp(m2 - mn);
+            let e3 = exp(m3 - mn);
+            l = l * keep + ml0.y * e0 + ml1.y * e1 + ml2.y * e2 + ml3.y * e3;
+            acc = acc * keep + e0 * o0 + e1 * o1 + e2 * o2 + e3 * o3;
+            mt = mn;
         }
     }
     part[lid] = acc;
     lpart[lid] = l;
+    mred[lid] = mt;
     workgroupBarrier();
     if lid < nv {
+        var big_m = NEG_BIG;
+        for (var gg = 0u; gg < groups; gg++) {
+            big_m = max(big_m, mred[gg * nv + lid]);
+        }
         var a = VecN(0.0);
         var ls = 0.0;
         for (var gg = 0u; gg < groups; gg++) {
-            a += part[gg * nv + lid];
-            ls += lpart[gg * nv + lid];
+            let e = exp(mred[gg * nv + lid] - big_m);
+            a += e * part[gg * nv + lid];
+            ls += e * lpart[gg * nv + lid];
         }
         out[p.out_offset / W + pair * nv + lid] = a / ls;
     }

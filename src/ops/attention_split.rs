@@ -14,7 +14,7 @@
 
 use std::mem::offset_of;
 
-use super::attention::{AttentionParams, MAX_HEAD_DIM};
+use super::attention::AttentionParams;
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
 use crate::gpu::{grid_2d, CachedPipeline, GpuContext, PipelineKey, Recorder};
@@ -155,8 +155,8 @@ impl SplitConfig {
         Ok(cfg)
     }
 
-    /// Workgroup memory of the partial entry (the larger): the query, the (CHUNK, TEAM + 1)
-    /// partial dots, scores and weights of the chunk, and per thread a vector and a float.
+    /// Workgroup memory of the partial entry (the larger): the (CHUNK, TEAM + 1) partial dots,
+    /// scores and weights of the chunk, and per thread a vector and a float.
     pub fn workgroup_bytes(&self, vec4: bool) -> u64 {
         let w = if vec4 { 4 } else { 2 };
         let (wg, chunk, team) = (
@@ -164,7 +164,7 @@ impl SplitConfig {
             self.chunk as u64,
             self.team as u64,
         );
-        4 * (MAX_HEAD_DIM as u64 + chunk * (team + 1) + 2 * chunk + wg * (w + 1))
+        4 * (chunk * (team + 1) + 2 * chunk + wg * (w + 1))
     }
 }
 
