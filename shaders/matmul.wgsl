@@ -425,6 +425,64 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
 }
 #endif
 
+#ifdef X_PRENORM
+#ifdef WORDS
+#define TOUCH_W
+#endif
+#endif
+#ifdef GLU_WG
+#ifdef WORDS
+#define TOUCH_W
+#endif
+#endif
+#ifdef TOUCH_W
+// The words of W this lane's first loop step will read (its rows' first UNROLL items), loaded
+// before the prologue (X_PRENORM's norm, GLU_WG's gated unit) and folded into one word that
+// decides nothing: their memory latency then passes during the prologue, and the loop's loads
+// of them hit the cache. (The prologue comes first because X is needed for any item's
+// arithmetic; the weights are not.) Measured on an H200: Gemma 3 270M decode +0.6 %, +2.3 % at
+// depth 4000 (the norm's prologue alone). Word items
+// are exact; other types touch the same stretch of their rows. Only for interleaved teams
+// (WORDS): the CPU adapters' thread-per-row shape keeps its loads as they are.
+fn touch_w(g: u32, lane: u32, slot: u32) -> u32 {
+#ifdef ROWS
+#ifdef KS
+    let kq = slot % KS;
+    const RG = RPW / KS;
+    let r0 = (g % p.row_groups) * RG * NR + slot / KS;
+    const STEP = TPR * KS;
+    const NRT = NR;
+#else
+    let kq = 0u;
+    const RG = RPW;
+    let r0 = (g % p.row_groups) * RG * NR + slot;
+    const STEP = TPR;
+    const NRT = NR;
+#endif
+#else
+    let kq = 0u;
+    const RG = RPW;
+    let r0 = (g % p.row_groups) * RPW + slot;
+    const STEP = TPR;
+    const NRT = 1u;
+#endif
+    var h = 0u;
+    for (var k = 0u; k < NRT; k++) {
+        let rb = min(r0 + k * RG, p.rows - 1u) * p.row_words;
+        for (var u = 0u; u < UNROLL; u++) {
+            let j = kq * TPR + lane + u * STEP;
+#ifdef W_VEC4
+            let v = w[(rb >> 2u) + j];
+            h ^= v.x ^ v.y ^ v.z ^ v.w;
+#else
+            h ^= w[rb + j];
+#endif
+        }
+    }
+    return h;
+}
+#endif
+
 @compute @workgroup_size(WG_SIZE)
 fn matmul(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -437,6 +495,13 @@ fn matmul(
 #endif
 ) {
     let g = get_wid(wid, nwg);
+#ifdef TOUCH_W
+#ifdef SUBGROUP
+    let touched = touch_w(g, sg_lane % TPR, sg_id * (sg_size / TPR) + sg_lane / TPR);
+#else
+    let touched = touch_w(g, lid % TPR, lid / TPR);
+#endif
+#endif
 #ifdef X_PRENORM
 #ifdef SUBGROUP
     pre_sg = vec3<u32>(sg_lane, sg_id, sg_size);
@@ -445,6 +510,12 @@ fn matmul(
 #endif
 #ifdef GLU_WG
     glu_prologue(lid, p.x_offset + (g / p.row_groups) * NT * p.x_stride);
+#endif
+#ifdef TOUCH_W
+    // Never true for a dispatch (rows > 0): it keeps the loads above.
+    if p.rows == 0u && touched == 0x9e3779b9u {
+        y[p.y_offset] = 0.0;
+    }
 #endif
 #ifdef ROWS
 #ifdef SUBGROUP
