@@ -202,6 +202,17 @@ fn f32_tensor(ctx: &GpuContext, name: &str, v: &[f32]) -> cera_web::gpu::GpuTens
     .unwrap()
 }
 
+/// Every case at every element offset triple (x, out, addend): the norm tests run each shape off
+/// and on whole vec4s.
+fn at_offsets<'a, C>(
+    cases: &'a [C],
+    offsets: &'a [(usize, usize, usize)],
+) -> impl Iterator<Item = (&'a C, &'a (usize, usize, usize))> {
+    cases
+        .iter()
+        .flat_map(move |c| offsets.iter().map(move |o| (c, o)))
+}
+
 gpu_test!(rmsnorm_shapes_weights_in_place_and_fused_add, async {
     let ctx = common::context().await;
     let mut rng = Rng::new(5);
@@ -225,10 +236,8 @@ gpu_test!(rmsnorm_shapes_weights_in_place_and_fused_add, async {
     ];
     // Offsets off and on whole vec4s: the kernel reads vec4s when the row and every offset
     // allow it (a row of 8200 then keeps its values in registers too).
-    let offsets = [(3usize, 5usize, 1usize), (4, 8, 0)];
-    for (&(rows, len, weight, add, in_place), &(xo, oo, ao)) in cases
-        .iter()
-        .flat_map(|c| offsets.iter().map(move |o| (c, o)))
+    for (&(rows, len, weight, add, in_place), &(xo, oo, ao)) in
+        at_offsets(cases, &[(3, 5, 1), (4, 8, 0)])
     {
         let what = format!(
             "{rows}x{len} weight {weight} add {add} in place {in_place} offsets {xo}/{oo}/{ao}"
@@ -309,10 +318,8 @@ gpu_test!(rmsnorm_post_norm_residual_and_pre_norm_fused, async {
         (7, 640, false, 1.0, true),
         (1, 8200, true, 0.5, false),
     ];
-    let offsets = [(2usize, 3usize, 5usize), (8, 4, 12)];
-    for (&(rows, len, norm, scale, in_place), &(xo, oo, ao)) in cases
-        .iter()
-        .flat_map(|c| offsets.iter().map(move |o| (c, o)))
+    for (&(rows, len, norm, scale, in_place), &(xo, oo, ao)) in
+        at_offsets(cases, &[(2, 3, 5), (8, 4, 12)])
     {
         let what = format!(
             "{rows}x{len} addend norm {norm} scale {scale} in place {in_place} offsets {xo}/{oo}/{ao}"
