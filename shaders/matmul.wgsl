@@ -49,6 +49,17 @@
 //   GLU_WG (with X_GLU, NT = 1, cols a multiple of 4): every workgroup first computes its token's
 //   X = act(G) * U into workgroup memory (XW4 = cols / 4 vec4), instead of once per row. X_WG is
 //   set with GLU_WG and with X_PRENORM: X is read from that workgroup array.
+//   Y_RESNORM (decode, NT = 1, one output row per feature of the residual stream): the
+//   product is a block's last projection, and its epilogue does the residual add and the half
+//   of the next pre-norm that needs no other row: y[r] += pre_scale * (W x)[r] (y is the
+//   residual stream, read and written in place), en_h[r] = y[r] * en_w[r] (the next norm's
+//   weight), and each team writes the sum of its rows' y^2 to en_ss[ss_offset + team]. The
+//   projection that reads en_h (Y_NORMSCALE) finishes the norm. Together they replace the norm's
+//   own dispatch without any workgroup repeating it (X_PRENORM's cost on wide models).
+//   Y_NORMSCALE (decode, NT = 1): X is en_h above, and y = (W X) * inv with inv =
+//   1 / sqrt(sum(ns_ss[0 .. ss_count]) / cols + pre_eps): rmsnorm's scale is one number for
+//   the whole row, so it moves out of the dot product. Every workgroup loads its share of the
+//   partial sums before its rows and adds them after, their latency hidden behind the loop.
 //   SUBGROUP (with COOP): the team's partial sums are added with subgroupShuffleXor, no
 //   workgroup memory and no barrier. Lanes and rows then come from the subgroup builtins, so a
 //   team is TPR consecutive invocations of one subgroup whatever the hardware's mapping; the host
@@ -74,10 +85,10 @@ struct MatmulParams {
     y_stride: u32,   // elements between Y[t, r] and Y[t + 1, r]
     row_groups: u32, // ceil(rows / (WG_SIZE / TPR))
     xu_delta: u32,   // X_GLU: elements from G[t, c] to U[t, c] (0: U is its own buffer)
-    pre_eps: f32,    // X_PRENORM: the norms' epsilon
-    pre_scale: f32,  // X_PRENORM with PRE_ADD: the addend's scale (residual scale)
-    pad2: u32,
-    pad3: u32,
+    pre_eps: f32,    // X_PRENORM, Y_NORMSCALE: the norms' epsilon
+    pre_scale: f32,  // X_PRENORM with PRE_ADD, Y_RESNORM: the addend's scale (residual scale)
+    ss_offset: u32,  // Y_RESNORM: en_ss index of this part's first team
+    ss_count: u32,   // Y_NORMSCALE: partial sums of squares to add (the producer's teams)
 }
 
 @group(0) @binding(0) var<uniform> p: MatmulParams;
@@ -102,6 +113,14 @@ struct MatmulParams {
 #endif
 #endif
 var<workgroup> xw4: array<vec4<f32>, XW4>; // X of this token, computed by the prologue
+#endif
+#ifdef X_PRENORM
+#define WG_SUM
+#endif
+#ifdef Y_NORMSCALE
+#define WG_SUM
+#endif
+#ifdef WG_SUM
 var<workgroup> pre_red: array<f32, WG_SIZE>;
 
 #ifdef SUBGROUP
@@ -138,6 +157,48 @@ fn pre_sum(v: f32, lid: u32) -> f32 {
 #endif
 }
 
+#endif
+#ifdef Y_RESNORM
+@group(0) @binding(9) var<storage, read> en_w: array<f32>;          // (n_embd): the next norm's weight
+@group(0) @binding(10) var<storage, read_write> en_h: array<f32>;   // (n_embd): y * en_w
+@group(0) @binding(11) var<storage, read_write> en_ss: array<f32>;  // (teams): their rows' sum of y^2
+// The epilogue of output element i (a feature of the residual stream) given its product v:
+// the residual add and the norm's per-row half. Returns y^2 for the team's sum.
+fn resnorm_row(i: u32, v: f32) -> f32 {
+    let r = y[i] + p.pre_scale * v;
+    y[i] = r;
+    en_h[i] = r * en_w[i];
+    return r * r;
+}
+#endif
+#ifdef Y_NORMSCALE
+@group(0) @binding(12) var<storage, read> ns_ss: array<f32>; // (ss_count): the producer's sums
+var<private> ns_part: f32; // this invocation's share of the partial sums
+// Called before the rows' loop: a thread's first four partial sums are loaded together
+// (indices clamped to the last one, terms past it dropped), the rest, if any, in a loop.
+fn ns_load(lid: u32) {
+    let c = p.ss_count;
+    let last = max(c, 1u) - 1u;
+    let i1 = lid + WG_SIZE;
+    let i2 = lid + 2u * WG_SIZE;
+    let i3 = lid + 3u * WG_SIZE;
+    let s0 = ns_ss[min(lid, last)];
+    let s1 = ns_ss[min(i1, last)];
+    let s2 = ns_ss[min(i2, last)];
+    let s3 = ns_ss[min(i3, last)];
+    var s = select(0.0, s0, lid < c) + select(0.0, s1, i1 < c) + select(0.0, s2, i2 < c)
+        + select(0.0, s3, i3 < c);
+    for (var i = lid + 4u * WG_SIZE; i < c; i += WG_SIZE) {
+        s += ns_ss[i];
+    }
+    ns_part = s;
+}
+// The norm's scale, after the rows' loop. Called by every invocation (it has barriers).
+fn ns_inv(lid: u32) -> f32 {
+    return 1.0 / sqrt(pre_sum(ns_part, lid) / f32(p.cols) + p.pre_eps);
+}
+#endif
+#ifdef X_PRENORM
 fn ld4(i4: u32) -> vec4<f32> {
     let i = 4u * i4;
     return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
@@ -396,6 +457,13 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
         accr[k] = red[k * WG_SIZE + me];
     }
 #endif
+#ifdef Y_NORMSCALE
+    // Before the KS teams part (every invocation takes part); the sum is linear in accr.
+    let inv = ns_inv(slot * TPR + lane);
+    for (var k = 0u; k < NR; k++) {
+        accr[k] *= inv;
+    }
+#endif
 #ifdef KS
     if lane == 0u {
         for (var k = 0u; k < NR; k++) {
@@ -415,12 +483,24 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
     }
 #endif
     if lane == 0u {
+#ifdef Y_RESNORM
+        var sq = 0.0;
+#endif
         for (var k = 0u; k < NR; k++) {
             let r = r0 + k * RG;
             if r < p.rows && t < p.n_tokens {
+#ifdef Y_RESNORM
+                sq += resnorm_row(p.y_offset + t * p.y_stride + r, accr[k]);
+#else
                 y[p.y_offset + t * p.y_stride + r] = accr[k];
+#endif
             }
         }
+#ifdef Y_RESNORM
+        if t < p.n_tokens {
+            en_ss[p.ss_offset + (g % p.row_groups) * RG + rslot] = sq;
+        }
+#endif
     }
 }
 #endif
@@ -495,6 +575,12 @@ fn matmul(
 #endif
 ) {
     let g = get_wid(wid, nwg);
+#ifdef Y_NORMSCALE
+#ifdef SUBGROUP
+    pre_sg = vec3<u32>(sg_lane, sg_id, sg_size);
+#endif
+    ns_load(lid);
+#endif
 #ifdef TOUCH_W
 #ifdef SUBGROUP
     let touched = touch_w(g, sg_lane % TPR, sg_id * (sg_size / TPR) + sg_lane / TPR);
@@ -594,10 +680,27 @@ fn matmul(
     }
 #endif
 #endif
+#ifdef Y_NORMSCALE
+    let inv = ns_inv(lid);
+    for (var t = 0u; t < NT; t++) {
+        acc[t] *= inv;
+    }
+#endif
+#ifdef Y_RESNORM
+    // One token (NT = 1); a team past the part's last row still writes its (zero) sum.
+    if lane == 0u && t0 < p.n_tokens {
+        var sq = 0.0;
+        if live {
+            sq = resnorm_row(p.y_offset + t0 * p.y_stride + r, acc[0]);
+        }
+        en_ss[p.ss_offset + (g % p.row_groups) * RPW + slot] = sq;
+    }
+#else
     if live && lane == 0u {
         for (var t = 0u; t < nt; t++) {
             y[p.y_offset + (t0 + t) * p.y_stride + r] = acc[t];
         }
     }
+#endif
 #endif
 }

@@ -611,3 +611,240 @@ async fn check_prenorm(ty: GgmlType) {
 gpu_test!(matmul_prenorm_q8_0, check_prenorm(GgmlType::Q8_0));
 gpu_test!(matmul_prenorm_q4_k, check_prenorm(GgmlType::Q4K));
 gpu_test!(matmul_prenorm_q6_k, check_prenorm(GgmlType::Q6K));
+
+/// A norm carried between two decode GEMVs by their epilogues: the producer
+/// (`Epilogue::ResNorm`) adds `scale * W_p a` (or its gated unit's product) to the residual
+/// stream in place, writes `r * w_n` and its teams' sums of `r^2`; the consumer
+/// (`Epilogue::NormScale`) computes `W_c rmsnorm(r) * w_n` from them. Against the f64 reference
+/// of the residual add, the norm and both products, for producer/consumer pairs over the
+/// thread-per-row and row-team kernels (with and without subgroups, several rows a team, teams
+/// sharing rows, the engine's own shape), a residual stream no workgroup divides evenly, a
+/// producer weight split into 3 parts and one reading a fused gated unit; misuse is refused.
+async fn check_norm_link(ty: GgmlType) {
+    use cera_web::ops::glu::Activation;
+    use cera_web::ops::matmul::{Epilogue, NormScale, ResNorm};
+    let ctx = common::context().await;
+    let be = ty.block_elems();
+    let mut rng = Rng::new(ty.id() as u64 + 1300);
+    let shapes = [
+        None,
+        Some(MatmulConfig::simple(1)),
+        Some(MatmulConfig::team(256, 32, 1)),
+        Some(MatmulConfig {
+            subgroup: false,
+            ..MatmulConfig::team(64, 8, 1)
+        }),
+        Some(MatmulConfig {
+            rows_per_team: 2,
+            ..MatmulConfig::team(256, 8, 1)
+        }),
+        Some(MatmulConfig {
+            rows_per_team: 2,
+            k_split: 4,
+            ..MatmulConfig::team(256, 8, 1)
+        }),
+        Some(MatmulConfig {
+            subgroup: false,
+            rows_per_team: 4,
+            k_split: 2,
+            ..MatmulConfig::team(64, 8, 1)
+        }),
+    ];
+    let mut worst = 0.0f64;
+    // (residual width e = producer rows = consumer cols, producer cols, consumer rows)
+    let e = 2 * be.max(128);
+    for (kp, rc, split, glu) in [
+        (if be == 1 { 36 } else { be }, 37u64, false, false),
+        (3 * be.max(4), 300, true, false),
+        (2 * be.max(4), 45, false, true),
+    ] {
+        let (ec, kpc) = (e as usize, kp as usize);
+        let pb = synthetic_rows(ty, kp, e, 31);
+        let cb = synthetic_rows(ty, e, rc, 32);
+        let (wpf, wcf) = (
+            dequantize_to_vec(ty, &pb).unwrap(),
+            dequantize_to_vec(ty, &cb).unwrap(),
+        );
+        // Split: parts of 100 rows (no workgroup of the shapes above divides them evenly).
+        let limit = if split {
+            100 * (pb.len() as u64 / e) + 4
+        } else {
+            ctx.limits.max_binding()
+        };
+        let wp = upload_tensor(&ctx, "wp", ty, kp, e, &pb, limit).unwrap();
+        assert_eq!(wp.parts.len() > 1, split);
+        let wc = upload_tensor(&ctx, "wc", ty, e, rc, &cb, ctx.limits.max_binding()).unwrap();
+        let x: Vec<f32> = rng.vec(ec).iter().map(|v| v * 3.0).collect();
+        // The producer's input: a, or gate | up halves for the gated unit.
+        let a: Vec<f32> = rng.vec(if glu { 2 * kpc } else { kpc });
+        let wn: Vec<f32> = rng.vec(ec).iter().map(|v| 1.0 + v).collect();
+        let wn_t = upload_tensor(
+            &ctx,
+            "wn",
+            GgmlType::F32,
+            e,
+            1,
+            bytemuck::cast_slice(&wn),
+            ctx.limits.max_binding(),
+        )
+        .unwrap();
+        let (eps, scale) = (1e-5f32, 0.75f32);
+        // The reference, in f64.
+        let silu = |v: f64| v / (1.0 + (-v).exp());
+        let a64: Vec<f64> = if glu {
+            (0..kpc)
+                .map(|c| silu(a[c] as f64) * a[kpc + c] as f64)
+                .collect()
+        } else {
+            a.iter().map(|&v| v as f64).collect()
+        };
+        let r: Vec<f64> = (0..ec)
+            .map(|i| {
+                let d: f64 = (0..kpc).map(|c| wpf[i * kpc + c] as f64 * a64[c]).sum();
+                x[i] as f64 + scale as f64 * d
+            })
+            .collect();
+        // Each residual's sum of |terms| (its f32 accumulation error scales with it).
+        let r_abs: Vec<f64> = (0..ec)
+            .map(|i| {
+                let d: f64 = (0..kpc)
+                    .map(|c| (wpf[i * kpc + c] as f64 * a64[c]).abs())
+                    .sum();
+                (x[i] as f64).abs() + scale as f64 * d
+            })
+            .collect();
+        let inv = 1.0 / (r.iter().map(|v| v * v).sum::<f64>() / e as f64 + eps as f64).sqrt();
+        let h: Vec<f64> = r
+            .iter()
+            .zip(&wn)
+            .map(|(v, &g)| v * inv * g as f64)
+            .collect();
+
+        let ab = ctx.storage_buffer("a", bytemuck::cast_slice(&a));
+        let mut bufs = Vec::new();
+        let mut rec = cera_web::gpu::Recorder::new(&ctx);
+        for (i, pcfg) in shapes.iter().enumerate() {
+            let ccfg = shapes[(i + 1) % shapes.len()];
+            let resid = ctx.storage_buffer("resid", bytemuck::cast_slice(&x));
+            let hb = ctx.empty_storage("h", e * 4).unwrap();
+            let pcfg = pcfg.unwrap_or(MatmulConfig::gemv_for(&ctx, ty, e, kp));
+            let ccfg = ccfg.unwrap_or(MatmulConfig::gemv_for(&ctx, ty, rc, e));
+            let n_ss = matmul::resnorm_partials(&ctx, pcfg, &wp);
+            let ss = ctx.empty_storage("ss", n_ss * 4).unwrap();
+            let y = ctx.empty_storage("y", (rc + 3) * 4).unwrap();
+            let rn = ResNorm {
+                w: &wn_t,
+                h: &hb,
+                ss: &ss,
+                scale,
+            };
+            let act = glu.then_some((kp, Activation::Silu));
+            let wrote = matmul::prepare_epilogue(
+                &mut rec,
+                pcfg,
+                &wp,
+                &ab,
+                0,
+                act,
+                &resid,
+                0,
+                &Epilogue::ResNorm(rn),
+            )
+            .unwrap();
+            assert_eq!(wrote, n_ss, "{ty}: sums of squares written");
+            let ns = NormScale {
+                ss: &ss,
+                count: wrote as u32,
+                eps,
+            };
+            matmul::prepare_epilogue(
+                &mut rec,
+                ccfg,
+                &wc,
+                &hb,
+                0,
+                None,
+                &y,
+                3,
+                &Epilogue::NormScale(ns),
+            )
+            .unwrap();
+            bufs.push((pcfg, ccfg, resid, y));
+        }
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        rec.encode(&mut enc).unwrap();
+        ctx.queue.submit([enc.finish()]);
+        for (pcfg, ccfg, resid, y) in &bufs {
+            let what = format!("{ty} norm link kp {kp} rows {rc} split {split} glu {glu} producer {pcfg} consumer {ccfg}");
+            let got_r = read_f32(&ctx, resid, 0, ec).await.unwrap();
+            for (i, (&g, &want)) in got_r.iter().zip(&r).enumerate() {
+                assert!(
+                    (g as f64 - want).abs() <= 1e-6 * r_abs[i].max(1e-30),
+                    "{what}: residual[{i}] = {g}, want {want}"
+                );
+            }
+            let got = read_f32(&ctx, y, 12, rc as usize).await.unwrap();
+            for (rr, &v) in got.iter().enumerate() {
+                let wr = &wcf[rr * ec..(rr + 1) * ec];
+                let want: f64 = wr.iter().zip(&h).map(|(&q, v)| q as f64 * v).sum();
+                let sc: f64 = wr
+                    .iter()
+                    .zip(&h)
+                    .map(|(&q, v)| (q as f64 * v).abs())
+                    .sum::<f64>()
+                    .max(1e-30);
+                let err = (v as f64 - want).abs() / sc;
+                assert!(
+                    err <= 1e-5,
+                    "{what}: y[{rr}] = {v}, want {want} (rel {err:e})"
+                );
+                worst = worst.max(err);
+            }
+        }
+        // Misuse: the residual stream as its own input, a consumer counting more sums than its
+        // buffer holds, a producer's sums buffer too small.
+        let mut rec = cera_web::gpu::Recorder::new(&ctx);
+        let resid = ctx.storage_buffer("resid", bytemuck::cast_slice(&x));
+        let hb = ctx.empty_storage("h", e * 4).unwrap();
+        let small = ctx.empty_storage("ss", 4).unwrap();
+        let cfg = MatmulConfig::gemv_for(&ctx, ty, e, kp);
+        let rn = |ss| {
+            Epilogue::ResNorm(ResNorm {
+                w: &wn_t,
+                h: &hb,
+                ss,
+                scale,
+            })
+        };
+        let big = ctx.empty_storage("ss", e * 16).unwrap();
+        assert!(matmul::prepare_epilogue(
+            &mut rec,
+            cfg,
+            &wp,
+            &resid,
+            0,
+            None,
+            &resid,
+            0,
+            &rn(&big)
+        )
+        .is_err());
+        assert!(
+            matmul::prepare_epilogue(&mut rec, cfg, &wp, &ab, 0, None, &resid, 0, &rn(&small))
+                .is_err()
+        );
+        let ns = Epilogue::NormScale(NormScale {
+            ss: &small,
+            count: 2,
+            eps,
+        });
+        let y = ctx.empty_storage("y", rc * 4).unwrap();
+        assert!(matmul::prepare_epilogue(&mut rec, cfg, &wc, &hb, 0, None, &y, 0, &ns).is_err());
+    }
+    tlog!("{ty} norm link: worst relative error {worst:.2e}");
+}
+
+gpu_test!(matmul_norm_link_f32, check_norm_link(GgmlType::F32));
+gpu_test!(matmul_norm_link_q8_0, check_norm_link(GgmlType::Q8_0));
+gpu_test!(matmul_norm_link_q4_k, check_norm_link(GgmlType::Q4K));
+gpu_test!(matmul_norm_link_q6_k, check_norm_link(GgmlType::Q6K));

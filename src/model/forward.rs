@@ -548,6 +548,31 @@ impl Model {
         (worth(&|l: &Layer| &l.qkv), worth(&|l: &Layer| &l.gate_up))
     }
 
+    /// Whether a decode plan carries each block's norms in its projections' epilogues
+    /// ([`matmul::Epilogue`]): the block's last projection (o, down) adds its output to the
+    /// residual stream and writes `x * w_norm` with its teams' sums of `x^2`, the next ones
+    /// (q/k/v, gate/up, the head) scale their outputs by the norm. No dispatch of its own, and
+    /// no workgroup repeating the norm ([`Model::fold_norms`]' cost on wide models). Needs every
+    /// layer an attention layer without post-norms (the epilogue sees one row of the addend,
+    /// a post-norm needs all of it) and every norm one f32 vector of n_embd.
+    fn link_norms(&self, ctx: &GpuContext) -> bool {
+        let e = self.hp.n_embd as u64;
+        let vector = |n: &String| {
+            let t = self.w(n);
+            t.ty == crate::gguf::GgmlType::F32 && t.rows * t.cols == e && t.parts.len() == 1
+        };
+        matmul::epilogue_fits(ctx)
+            && vector(&self.output_norm)
+            && self.layers.iter().all(|layer| {
+                layer.conv.is_none()
+                    && layer.delta.is_none()
+                    && layer.post_attn_norm.is_none()
+                    && layer.post_ffw_norm.is_none()
+                    && vector(&layer.attn_norm)
+                    && vector(&layer.ffn_norm)
+            })
+    }
+
     /// Prepare the forward pass of a batch of `n` tokens once: every dispatch with its bind group,
     /// for the workspace and cache given (which do not move). Positions come from the workspace's
     /// step buffer at run time; `max_cells` bounds `pos0 + n` over the plan's life.
@@ -600,11 +625,51 @@ impl Model {
         // two buffers (`x`, `x_alt`), since every workgroup of a projection reads the old one
         // while one of them writes the new one. Elsewhere (prefill, conv layers, a device
         // whose workgroup memory cannot hold the row) a norm dispatch writes h first.
-        let (fold_attn, fold_ffn) = if n == 1 {
+        let link = n == 1 && self.link_norms(ctx);
+        let (fold_attn, fold_ffn) = if n == 1 && !link {
             self.fold_norms(ctx)
         } else {
             (false, false)
         };
+        // The producers' sums of squares (one buffer: each consumer reads the last producer's).
+        let norm_ss = if link {
+            let most = self
+                .layers
+                .iter()
+                .flat_map(|l| [self.w(&l.o), self.w(&l.down)])
+                .map(|w| matmul::resnorm_partials_gemv(ctx, w))
+                .max()
+                .unwrap_or(1)
+                .max(1);
+            Some(ctx.empty_storage("norm sums of squares", most * 4)?)
+        } else {
+            None
+        };
+        // Sums the last producer wrote (the consumers' count).
+        let mut ss_count = 0u64;
+        let eps = hp.rms_eps;
+        let norm_scale = |count: u64| -> Result<matmul::Epilogue> {
+            Ok(matmul::Epilogue::NormScale(matmul::NormScale {
+                ss: norm_ss.as_ref().expect("linked plans have the sums"),
+                count: u32::try_from(count)
+                    .map_err(|_| Error::invalid(format!("{count} sums of squares")))?,
+                eps,
+            }))
+        };
+        fn res_norm_of<'a>(
+            w: &'a GpuTensor,
+            h: &'a wgpu::Buffer,
+            ss: Option<&'a wgpu::Buffer>,
+            scale: f32,
+        ) -> matmul::Epilogue<'a> {
+            matmul::Epilogue::ResNorm(matmul::ResNorm {
+                w,
+                h,
+                ss: ss.expect("linked plans have the sums"),
+                scale,
+            })
+        }
+        let res_norm = |w| res_norm_of(w, &ws.h, norm_ss.as_ref(), hp.residual_scale);
         let xs = [&ws.x, &ws.x_alt];
         let mut cur = 0usize;
         if !fold_attn {
@@ -620,7 +685,6 @@ impl Model {
                 hp.rms_eps,
             )?;
         }
-        let eps = hp.rms_eps;
         for (l, layer) in self.layers.iter().enumerate() {
             if layer.conv.is_some() {
                 // LFM2: a short-convolution block in place of attention, then the same FFN.
@@ -658,6 +722,19 @@ impl Model {
                 }
                 if l > 0 {
                     cur = 1 - cur;
+                }
+            } else if link && l > 0 {
+                // h = norm(x): its scale, from the last block's sums of squares
+                let epi = norm_scale(ss_count)?;
+                for p in &layer.qkv {
+                    kernels::gemv_epilogue(
+                        &mut rec,
+                        self.w(&p.tensor),
+                        &ws.h,
+                        &ws.qkv,
+                        p.col,
+                        &epi,
+                    )?;
                 }
             } else {
                 for p in &layer.qkv {
@@ -738,9 +815,29 @@ impl Model {
                     hp.head_dim,
                 )?;
             }
-            kernels::matmul(&mut rec, self.w(&layer.o), &ws.att, &ws.o, n)?;
             let post = layer.post_attn_norm.as_ref().map(|w| self.w(w));
-            if fold_ffn {
+            if link {
+                // x += o W_o * residual_scale;  h = norm(x) (its scale in gate/up)
+                let epi = res_norm(self.w(&layer.ffn_norm));
+                ss_count =
+                    kernels::gemv_epilogue(&mut rec, self.w(&layer.o), &ws.att, &ws.x, 0, &epi)?;
+                let epi = norm_scale(ss_count)?;
+                for p in &layer.gate_up {
+                    kernels::gemv_epilogue(
+                        &mut rec,
+                        self.w(&p.tensor),
+                        &ws.h,
+                        &ws.gate_up,
+                        p.col,
+                        &epi,
+                    )?;
+                }
+            } else {
+                kernels::matmul(&mut rec, self.w(&layer.o), &ws.att, &ws.o, n)?;
+            }
+            if link {
+                // (done above)
+            } else if fold_ffn {
                 // x += post_norm(o) * residual_scale;  h = norm(x), in the gate/up projections
                 let pre = matmul::PreNorm {
                     x: xs[cur],
@@ -784,6 +881,25 @@ impl Model {
                     )?;
                 }
             }
+            let next_norm = match self.layers.get(l + 1) {
+                Some(next) => self.w(&next.attn_norm),
+                None => self.w(&self.output_norm),
+            };
+            if link {
+                // f = act(h W_gate) * (h W_up) W_down;  x += f * residual_scale;  h = norm(x)
+                // with the next pre-norm (its scale in the next projections)
+                let epi = res_norm(next_norm);
+                ss_count = kernels::glu_down_epilogue(
+                    &mut rec,
+                    self.w(&layer.down),
+                    &ws.gate_up,
+                    &ws.x,
+                    n,
+                    hp.activation,
+                    Some(&epi),
+                )?;
+                continue;
+            }
             kernels::glu_down(
                 &mut rec,
                 self.w(&layer.down),
@@ -799,10 +915,6 @@ impl Model {
             let last = l + 1 == self.layers.len();
             if !fold_attn || last {
                 let post = layer.post_ffw_norm.as_ref().map(|w| self.w(w));
-                let next_norm = match self.layers.get(l + 1) {
-                    Some(next) => self.w(&next.attn_norm),
-                    None => self.w(&self.output_norm),
-                };
                 kernels::residual_norm(
                     &mut rec,
                     xs[cur],
@@ -821,6 +933,17 @@ impl Model {
         // The output head on the rows that need logits (h is the final norm of x).
         let out = self.w(&self.output);
         match rows {
+            _ if link => {
+                // (one token: the final norm's scale from the last block's sums)
+                kernels::gemv_epilogue(
+                    &mut rec,
+                    out,
+                    &ws.h,
+                    &ws.logits,
+                    0,
+                    &norm_scale(ss_count)?,
+                )?;
+            }
             LogitRows::Last => kernels::matmul_at(
                 &mut rec,
                 out,
@@ -853,6 +976,7 @@ impl Model {
             max_cells,
             prepared: rec.finish(),
             _attn_scratch: attn_scratch,
+            _norm_ss: norm_ss,
         })
     }
 }
@@ -1031,6 +1155,8 @@ pub struct ForwardPlan {
     prepared: Prepared,
     /// Bound by the split attention dispatches (decode on GPUs), kept as long as they are.
     _attn_scratch: Option<wgpu::Buffer>,
+    /// The sums of squares of a decode plan whose projections carry the norms, bound by them.
+    _norm_ss: Option<wgpu::Buffer>,
 }
 
 impl ForwardPlan {

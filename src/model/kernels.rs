@@ -245,8 +245,42 @@ pub fn glu_down(
     n: u32,
     act: glu::Activation,
 ) -> Result<()> {
+    glu_down_epilogue(rec, down, gate_up, y, n, act, None).map(|_| ())
+}
+
+/// [`glu_down`], for one token with an epilogue where `epi` is given (see
+/// [`matmul::Epilogue`]; `y` is then what it says). Returns the sums of squares a
+/// [`matmul::ResNorm`] wrote.
+pub fn glu_down_epilogue(
+    rec: &mut Recorder,
+    down: &GpuTensor,
+    gate_up: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n: u32,
+    act: glu::Activation,
+    epi: Option<&matmul::Epilogue>,
+) -> Result<u64> {
     let n_ff = down.cols;
     let unfused_gemv = n == 1 && !matmul::glu_fused_worth(rec.ctx, down);
+    if let Some(epi) = epi {
+        let cfg = matmul::MatmulConfig::gemv_for(rec.ctx, down.ty, down.rows, down.cols);
+        if unfused_gemv {
+            let g = View {
+                buffer: gate_up,
+                offset: 0,
+                stride: 2 * n_ff,
+            };
+            let u = View {
+                buffer: gate_up,
+                offset: n_ff,
+                stride: 2 * n_ff,
+            };
+            glu::prepare(rec, act, g, u, g, 1, n_ff as u32)?;
+            return matmul::prepare_epilogue(rec, cfg, down, gate_up, 0, None, y, 0, epi);
+        }
+        let glu = Some((n_ff, act));
+        return matmul::prepare_epilogue(rec, cfg, down, gate_up, 0, glu, y, 0, epi);
+    }
     if crate::ops::gemm::use_gemm(rec.ctx, n) || unfused_gemv {
         let g = View {
             buffer: gate_up,
@@ -259,14 +293,30 @@ pub fn glu_down(
             stride: 2 * n_ff,
         };
         glu::prepare(rec, act, g, u, g, n, n_ff as u32)?;
-        return matmul::prepare_auto_strided(rec, down, gate_up, 0, Some(2 * n_ff), y, 0, None, n);
+        matmul::prepare_auto_strided(rec, down, gate_up, 0, Some(2 * n_ff), y, 0, None, n)?;
+        return Ok(0);
     }
     let cfg = if n == 1 {
         matmul::MatmulConfig::gemv_for(rec.ctx, down.ty, down.rows, down.cols)
     } else {
         matmul::MatmulConfig::gemm(rec.ctx, n)
     };
-    matmul::prepare_glu_fused(rec, cfg, act, down, gate_up, 0, n_ff, 2 * n_ff, y, 0, n)
+    matmul::prepare_glu_fused(rec, cfg, act, down, gate_up, 0, n_ff, 2 * n_ff, y, 0, n)?;
+    Ok(0)
+}
+
+/// One token's `y = W x` (x from element 0, y from `y_off`) in the engine's GEMV shape with
+/// `epi`; returns the sums of squares a [`matmul::ResNorm`] wrote.
+pub fn gemv_epilogue(
+    rec: &mut Recorder,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    y_off: u64,
+    epi: &matmul::Epilogue,
+) -> Result<u64> {
+    let cfg = matmul::MatmulConfig::gemv_for(rec.ctx, w.ty, w.rows, w.cols);
+    matmul::prepare_epilogue(rec, cfg, w, x, 0, None, y, y_off, epi)
 }
 
 /// `x (count) *= s`.

@@ -74,12 +74,14 @@ pub struct MatmulParams {
     /// `X_GLU`: elements from `G[t, c]` to `U[t, c]` (0 when U is its own buffer in G's layout;
     /// the column offset of `up` when gate and up are halves of one fused projection's output).
     pub xu_delta: u32,
-    /// `X_PRENORM`: the norms' epsilon.
+    /// `X_PRENORM`, `Y_NORMSCALE`: the norms' epsilon.
     pub pre_eps: f32,
-    /// `X_PRENORM` with `PRE_ADD`: the addend's scale.
+    /// `X_PRENORM` with `PRE_ADD`, `Y_RESNORM`: the addend's scale.
     pub pre_scale: f32,
-    pub pad2: u32,
-    pub pad3: u32,
+    /// `Y_RESNORM`: index of this part's first team in the sums of squares.
+    pub ss_offset: u32,
+    /// `Y_NORMSCALE`: how many sums of squares the producer wrote.
+    pub ss_count: u32,
 }
 
 impl WgslParams for MatmulParams {
@@ -99,8 +101,8 @@ impl WgslParams for MatmulParams {
         ("xu_delta", offset_of!(MatmulParams, xu_delta)),
         ("pre_eps", offset_of!(MatmulParams, pre_eps)),
         ("pre_scale", offset_of!(MatmulParams, pre_scale)),
-        ("pad2", offset_of!(MatmulParams, pad2)),
-        ("pad3", offset_of!(MatmulParams, pad3)),
+        ("ss_offset", offset_of!(MatmulParams, ss_offset)),
+        ("ss_count", offset_of!(MatmulParams, ss_count)),
     ];
 }
 
@@ -641,6 +643,42 @@ pub fn variants() -> Vec<Variant> {
                 }
             }
         }
+        // Norms carried by the epilogues (decode): producer (also reading a gated unit) and
+        // consumer, thread-per-row, row teams with and without subgroups, rows shared by teams.
+        for cfg in [
+            MatmulConfig::simple(1),
+            MatmulConfig::team(256, 32, 1),
+            MatmulConfig {
+                subgroup: false,
+                ..MatmulConfig::team(256, 32, 1)
+            },
+            MatmulConfig {
+                w_vec4: true,
+                rows_per_team: 2,
+                k_split: 4,
+                ..MatmulConfig::team(256, 8, 1)
+            },
+        ] {
+            let mut keys = vec![
+                key(ty, cfg).expect("listed").define("Y_RESNORM", ""),
+                key(ty, cfg).expect("listed").define("Y_NORMSCALE", ""),
+                key_glu(ty, cfg, Some(Activation::Silu))
+                    .expect("listed")
+                    .define("Y_RESNORM", ""),
+            ];
+            if cfg.glu_prologue {
+                keys.push(
+                    key_glu_prologue(ty, cfg, Activation::Silu, 256)
+                        .expect("listed")
+                        .define("Y_RESNORM", ""),
+                );
+            }
+            v.extend(keys.into_iter().map(|k| Variant {
+                shader: k.shader,
+                entry: k.entry,
+                defines: k.defines,
+            }));
+        }
         // X normed by the prologue (decode), plain, with a residual add, with a post-norm.
         for cfg in [MatmulConfig::simple(1), MatmulConfig::team(256, 32, 1)] {
             for (add, add_norm) in [(false, false), (true, false), (true, true)] {
@@ -944,7 +982,7 @@ fn prepare_with(
     glu: Option<(&wgpu::Buffer, u64, Activation)>,
     n_tokens: u32,
 ) -> Result<()> {
-    prepare_full(rec, cfg, w, io, glu, None, n_tokens)
+    prepare_full(rec, cfg, w, io, glu, None, None, n_tokens).map(|_| ())
 }
 
 /// X of a decode GEMV computed by its own workgroups (`X_PRENORM` in `matmul.wgsl`):
@@ -1087,7 +1125,7 @@ pub fn prepare_prenorm_as(
         y_offset,
         y_stride: w.rows,
     };
-    prepare_full(rec, cfg, w, &io, None, Some(pre), 1)
+    prepare_full(rec, cfg, w, &io, None, Some(pre), None, 1).map(|_| ())
 }
 
 /// The pipeline key of a prologue-normed GEMV over `cols` values: with a residual add, and
@@ -1112,6 +1150,154 @@ pub fn key_prenorm(
     Ok(k)
 }
 
+/// A decode GEMV's epilogue that carries an RMS norm from one projection to the next without
+/// a dispatch of its own (`Y_RESNORM` and `Y_NORMSCALE` in `matmul.wgsl`): the producer ends a
+/// block and the consumer starts the next.
+pub enum Epilogue<'a> {
+    ResNorm(ResNorm<'a>),
+    NormScale(NormScale<'a>),
+}
+
+/// The producer's epilogue: `y += scale * (W x)` in place (`y` is the residual stream, `(rows)`
+/// f32 from element 0), `h = y * w` (the next norm's weight: the part of the norm that needs no
+/// other row), and every team's sum of its rows' `y^2` into `ss` ([`resnorm_partials`] f32).
+pub struct ResNorm<'a> {
+    /// The next norm's weight: an f32 vector of the GEMV's rows, in one part.
+    pub w: &'a GpuTensor,
+    /// `(rows)` f32: `y * w`, what the consumer reads as its X.
+    pub h: &'a wgpu::Buffer,
+    pub ss: &'a wgpu::Buffer,
+    pub scale: f32,
+}
+
+/// The consumer's epilogue: `y = (W h) / sqrt(sum(ss[0 .. count]) / cols + eps)`, the rest of
+/// the norm (its scale is one number for the whole of h, so it moves out of the dot product).
+pub struct NormScale<'a> {
+    pub ss: &'a wgpu::Buffer,
+    /// Sums of squares the producer wrote (what its prepare returned).
+    pub count: u32,
+    pub eps: f32,
+}
+
+/// Whether decode GEMVs may carry norms in their epilogues on this device: the producer binds
+/// 7 storage buffers (with a fused gated unit), the consumer's reduction one f32 an invocation
+/// of workgroup memory beside the teams' (at most [`team_red_bytes`] + [`ks_bytes`] of the
+/// engine's shapes, which the pipeline build checks).
+pub fn epilogue_fits(ctx: &GpuContext) -> bool {
+    ctx.limits.max_storage_buffers_per_shader_stage >= 7
+}
+
+/// Sums of squares a [`ResNorm`] GEMV of `w` in shape `cfg` writes: one per team of each
+/// workgroup of each part.
+pub fn resnorm_partials(ctx: &GpuContext, cfg: MatmulConfig, w: &GpuTensor) -> u64 {
+    let cfg = cfg.fit(ctx).for_w(w.ty, w.cols);
+    let kernel_ks = if cfg.rows_kernel(w.ty) {
+        cfg.k_split
+    } else {
+        1
+    };
+    let kernel_nr = if cfg.rows_kernel(w.ty) {
+        cfg.rows_per_team
+    } else {
+        1
+    };
+    let teams = (cfg.workgroup_size / cfg.threads_per_row / kernel_ks) as u64;
+    let rpw = teams * kernel_nr as u64;
+    w.parts.iter().map(|p| p.rows.div_ceil(rpw) * teams).sum()
+}
+
+/// [`resnorm_partials`] in the engine's decode shape for `w`.
+pub fn resnorm_partials_gemv(ctx: &GpuContext, w: &GpuTensor) -> u64 {
+    resnorm_partials(ctx, MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols), w)
+}
+
+/// One token's `y = W x` with an [`Epilogue`], X at `x_offset` (with `glu`: the gated unit of
+/// the fused gate/up halves `up_delta` elements apart, as [`prepare_glu_fused`]), in shape `cfg`
+/// (the engine's: [`MatmulConfig::gemv_for`]). Returns the sums of squares a producer wrote (0
+/// for a consumer).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_epilogue(
+    rec: &mut Recorder,
+    cfg: MatmulConfig,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    x_offset: u64,
+    glu: Option<(u64, Activation)>,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    epi: &Epilogue,
+) -> Result<u64> {
+    let bad = |what: String| Err(Error::invalid(format!("matmul {}: {what}", w.name)));
+    if cfg.fit(rec.ctx).tokens_per_thread != 1 {
+        return bad("a norm epilogue needs the one-token (GEMV) shape".into());
+    }
+    if !epilogue_fits(rec.ctx) {
+        return bad("this device binds too few storage buffers for a norm epilogue".into());
+    }
+    if x == y {
+        return bad("the epilogue's output cannot be its input".into());
+    }
+    match epi {
+        Epilogue::ResNorm(rn) => {
+            let t = rn.w;
+            if t.ty != GgmlType::F32 || t.rows * t.cols != w.rows || t.parts.len() != 1 {
+                return bad(format!(
+                    "the norm weight {} must be an f32 vector of {} in one part",
+                    t.name, w.rows
+                ));
+            }
+            if y_offset != 0 {
+                return bad("the residual stream starts at element 0".into());
+            }
+            let ss_bytes = resnorm_partials(rec.ctx, cfg, w) * 4;
+            if rn.h == y || rn.h == x || rn.ss == y || rn.ss == x || rn.ss == rn.h {
+                return bad("the residual, h, the sums and x must be distinct buffers".into());
+            }
+            if rn.ss.size() < ss_bytes || rn.h.size() < w.rows * 4 || y.size() < w.rows * 4 {
+                return bad(format!(
+                    "h ({} bytes), y ({}) or the sums ({} bytes, {ss_bytes} needed) too small",
+                    rn.h.size(),
+                    y.size(),
+                    rn.ss.size()
+                ));
+            }
+        }
+        Epilogue::NormScale(ns) => {
+            if ns.count == 0 || ns.ss.size() < ns.count as u64 * 4 {
+                return bad(format!(
+                    "{} sums of squares in a buffer of {} bytes",
+                    ns.count,
+                    ns.ss.size()
+                ));
+            }
+            if ns.ss == y {
+                return bad("the sums of squares cannot be the output".into());
+            }
+        }
+    }
+    let (x_stride, glu) = match glu {
+        Some((delta, act)) => {
+            if delta < w.cols {
+                return bad(format!(
+                    "up {delta} elements after gate overlaps its {}",
+                    w.cols
+                ));
+            }
+            (delta + w.cols, Some((x, delta, act)))
+        }
+        None => (w.cols, None),
+    };
+    let io = Io {
+        x,
+        x_offset,
+        x_stride,
+        y,
+        y_offset,
+        y_stride: w.rows,
+    };
+    prepare_full(rec, cfg, w, &io, glu, None, Some(epi), 1)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn prepare_full(
     rec: &mut Recorder,
@@ -1120,10 +1306,11 @@ fn prepare_full(
     io: &Io,
     glu: Option<(&wgpu::Buffer, u64, Activation)>,
     pre: Option<&PreNorm>,
+    epi: Option<&Epilogue>,
     n_tokens: u32,
-) -> Result<()> {
+) -> Result<u64> {
     if n_tokens == 0 || w.rows == 0 {
-        return Ok(());
+        return Ok(0);
     }
     if io.x_stride < w.cols || io.y_stride < w.rows {
         return Err(Error::invalid(format!(
@@ -1159,6 +1346,11 @@ fn prepare_full(
             None => key(w.ty, cfg)?,
         },
     };
+    let key = match epi {
+        Some(Epilogue::ResNorm(_)) => key.define("Y_RESNORM", ""),
+        Some(Epilogue::NormScale(_)) => key.define("Y_NORMSCALE", ""),
+        None => key,
+    };
     let pipe = ctx.pipeline(&key)?;
     let wg = pipe.decisions.workgroup_size;
     let rpw = wg / key_u32(&pipe.key, "TPR") / key_u32(&pipe.key, "KS") * key_u32(&pipe.key, "NR");
@@ -1173,7 +1365,10 @@ fn prepare_full(
     // The last element each binding is indexed at must fit the shader's u32 arithmetic.
     u32_of("x end", io.x_offset + delta + n_tokens as u64 * io.x_stride)?;
     u32_of("y end", io.y_offset + n_tokens as u64 * io.y_stride)?;
+    // Teams a workgroup has (each writes one sum of squares under Y_RESNORM).
+    let teams = (wg / key_u32(&pipe.key, "TPR") / key_u32(&pipe.key, "KS")) as u64;
     let label = pipe.key.label();
+    let mut ss_offset = 0u64;
     for part in &w.parts {
         if part.rows == 0 {
             continue;
@@ -1193,11 +1388,21 @@ fn prepare_full(
             y_stride: u32_of("y stride", io.y_stride)?,
             row_groups: u32_of("row groups", row_groups)?,
             xu_delta: u32_of("up delta", delta)?,
-            pre_eps: pre.map_or(0.0, |p| p.eps),
-            pre_scale: pre.and_then(|p| p.add.as_ref()).map_or(0.0, |a| a.scale),
-            pad2: 0,
-            pad3: 0,
+            pre_eps: match epi {
+                Some(Epilogue::NormScale(ns)) => ns.eps,
+                _ => pre.map_or(0.0, |p| p.eps),
+            },
+            pre_scale: match epi {
+                Some(Epilogue::ResNorm(rn)) => rn.scale,
+                _ => pre.and_then(|p| p.add.as_ref()).map_or(0.0, |a| a.scale),
+            },
+            ss_offset: u32_of("sums of squares", ss_offset)?,
+            ss_count: match epi {
+                Some(Epilogue::NormScale(ns)) => ns.count,
+                _ => 0,
+            },
         };
+        ss_offset += row_groups * teams;
         let ubuf = rec.uniform(&label, &params);
         let mut entries = vec![
             wgpu::BindGroupEntry {
@@ -1236,7 +1441,18 @@ fn prepare_full(
                 resource: b.as_entire_binding(),
             }));
         }
+        let extra: Vec<(u32, &wgpu::Buffer)> = match epi {
+            Some(Epilogue::ResNorm(rn)) => {
+                vec![(9, &rn.w.parts[0].buffer), (10, rn.h), (11, rn.ss)]
+            }
+            Some(Epilogue::NormScale(ns)) => vec![(12, ns.ss)],
+            None => vec![],
+        };
+        entries.extend(extra.into_iter().map(|(binding, b)| wgpu::BindGroupEntry {
+            binding,
+            resource: b.as_entire_binding(),
+        }));
         rec.push("matmul", &pipe, &entries, grid);
     }
-    Ok(())
+    Ok(ss_offset)
 }
