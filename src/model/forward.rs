@@ -554,14 +554,16 @@ impl Model {
     /// (q/k/v, gate/up, the head) scale their outputs by the norm. No dispatch of its own, and
     /// no workgroup repeating the norm ([`Model::fold_norms`]' cost on wide models). Needs every
     /// layer an attention layer without post-norms (the epilogue sees one row of the addend,
-    /// a post-norm needs all of it) and every norm one f32 vector of n_embd.
+    /// a post-norm needs all of it) and every norm one f32 vector of n_embd. The bench knob
+    /// `CERA_NORM_LINK=0` turns it off (native builds).
     fn link_norms(&self, ctx: &GpuContext) -> bool {
         let e = self.hp.n_embd as u64;
         let vector = |n: &String| {
             let t = self.w(n);
             t.ty == crate::gguf::GgmlType::F32 && t.rows * t.cols == e && t.parts.len() == 1
         };
-        matmul::epilogue_fits(ctx)
+        !crate::gpu::knob::knob_off("CERA_NORM_LINK")
+            && matmul::epilogue_fits(ctx)
             && vector(&self.output_norm)
             && self.layers.iter().all(|layer| {
                 layer.conv.is_none()
