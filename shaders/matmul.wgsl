@@ -53,7 +53,8 @@
 //   product is a block's last projection, and its epilogue does the residual add and the half
 //   of the next pre-norm that needs no other row: y[r] += pre_scale * (W x)[r] (y is the
 //   residual stream, read and written in place), en_h[r] = y[r] * en_w[r] (the next norm's
-//   weight), and each team writes the sum of its rows' y^2 to en_ss[ss_offset + team]. The
+//   weight), and each workgroup writes the sum of its rows' y^2 to en_ss[ss_offset + row
+//   group] (one sum a workgroup, not a team: every consumer workgroup reads them all). The
 //   projection that reads en_h (Y_NORMSCALE) finishes the norm. Together they replace the norm's
 //   own dispatch without any workgroup repeating it (X_PRENORM's cost on wide models).
 //   Y_NORMSCALE (decode, NT = 1): X is en_h above, and y = (W X) * inv with inv =
@@ -87,8 +88,8 @@ struct MatmulParams {
     xu_delta: u32,   // X_GLU: elements from G[t, c] to U[t, c] (0: U is its own buffer)
     pre_eps: f32,    // X_PRENORM, Y_NORMSCALE: the norms' epsilon
     pre_scale: f32,  // X_PRENORM with PRE_ADD, Y_RESNORM: the addend's scale (residual scale)
-    ss_offset: u32,  // Y_RESNORM: en_ss index of this part's first team
-    ss_count: u32,   // Y_NORMSCALE: partial sums of squares to add (the producer's teams)
+    ss_offset: u32,  // Y_RESNORM: en_ss index of this part's first workgroup
+    ss_count: u32,   // Y_NORMSCALE: partial sums of squares to add (the producer's workgroups)
 }
 
 @group(0) @binding(0) var<uniform> p: MatmulParams;
@@ -118,6 +119,9 @@ var<workgroup> xw4: array<vec4<f32>, XW4>; // X of this token, computed by the p
 #define WG_SUM
 #endif
 #ifdef Y_NORMSCALE
+#define WG_SUM
+#endif
+#ifdef Y_RESNORM
 #define WG_SUM
 #endif
 #ifdef WG_SUM
@@ -161,14 +165,21 @@ fn pre_sum(v: f32, lid: u32) -> f32 {
 #ifdef Y_RESNORM
 @group(0) @binding(9) var<storage, read> en_w: array<f32>;          // (n_embd): the next norm's weight
 @group(0) @binding(10) var<storage, read_write> en_h: array<f32>;   // (n_embd): y * en_w
-@group(0) @binding(11) var<storage, read_write> en_ss: array<f32>;  // (teams): their rows' sum of y^2
-// The epilogue of output element i (a feature of the residual stream) given its product v:
-// the residual add and the norm's per-row half. Returns y^2 for the team's sum.
-fn resnorm_row(i: u32, v: f32) -> f32 {
-    let r = y[i] + p.pre_scale * v;
+@group(0) @binding(11) var<storage, read_write> en_ss: array<f32>;  // (workgroups): their rows' sum of y^2
+// Output element i (a feature of the residual stream) given its product v, its residual y0
+// and norm weight g (both loaded before the rows' loop): the residual add and the norm's
+// per-row half. Returns y^2 for the workgroup's sum.
+fn resnorm_row(i: u32, v: f32, y0: f32, g: f32) -> f32 {
+    let r = y0 + p.pre_scale * v;
     y[i] = r;
-    en_h[i] = r * en_w[i];
+    en_h[i] = r * g;
     return r * r;
+}
+// The residual and norm weight of output element i, clamped to the part's last row (a row
+// past it is never written).
+fn resnorm_in(i: u32) -> vec2<f32> {
+    let j = min(i, p.y_offset + p.rows - 1u);
+    return vec2<f32>(y[j], en_w[j]);
 }
 #endif
 #ifdef Y_NORMSCALE
@@ -414,6 +425,13 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
     for (var k = 0u; k < NR; k++) {
         accr[k] = 0.0;
     }
+#ifdef Y_RESNORM
+    // The epilogue's inputs, loaded now: their latency passes during the loop.
+    var en_in: array<vec2<f32>, NR>;
+    for (var k = 0u; k < NR; k++) {
+        en_in[k] = resnorm_in(p.y_offset + r0 + k * RG);
+    }
+#endif
     if r0 < p.rows && t < p.n_tokens {
         // Rows past the part's end read clamped or zero words (WGSL bounds every access) and
         // are never written.
@@ -471,37 +489,39 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
         }
     }
     workgroupBarrier();
-    if kq != 0u {
-        return;
-    }
-    for (var k = 0u; k < NR; k++) {
-        var sum = 0.0;
-        for (var q = 0u; q < KS; q++) {
-            sum += ks_red[(rslot * NR + k) * KS + q];
+    if kq == 0u {
+        for (var k = 0u; k < NR; k++) {
+            var sum = 0.0;
+            for (var q = 0u; q < KS; q++) {
+                sum += ks_red[(rslot * NR + k) * KS + q];
+            }
+            accr[k] = sum;
         }
-        accr[k] = sum;
     }
 #endif
-    if lane == 0u {
 #ifdef Y_RESNORM
-        var sq = 0.0;
+    var sq = 0.0;
 #endif
+    if lane == 0u && kq == 0u {
         for (var k = 0u; k < NR; k++) {
             let r = r0 + k * RG;
             if r < p.rows && t < p.n_tokens {
 #ifdef Y_RESNORM
-                sq += resnorm_row(p.y_offset + t * p.y_stride + r, accr[k]);
+                let e = en_in[k];
+                sq += resnorm_row(p.y_offset + t * p.y_stride + r, accr[k], e.x, e.y);
 #else
                 y[p.y_offset + t * p.y_stride + r] = accr[k];
 #endif
             }
         }
-#ifdef Y_RESNORM
-        if t < p.n_tokens {
-            en_ss[p.ss_offset + (g % p.row_groups) * RG + rslot] = sq;
-        }
-#endif
     }
+#ifdef Y_RESNORM
+    // Every invocation takes part (barriers); the first writes the workgroup's sum.
+    let total = pre_sum(sq, slot * TPR + lane);
+    if slot == 0u && lane == 0u && t < p.n_tokens {
+        en_ss[p.ss_offset + g % p.row_groups] = total;
+    }
+#endif
 }
 #endif
 
@@ -575,10 +595,12 @@ fn matmul(
 #endif
 ) {
     let g = get_wid(wid, nwg);
-#ifdef Y_NORMSCALE
+#ifdef WG_SUM
 #ifdef SUBGROUP
     pre_sg = vec3<u32>(sg_lane, sg_id, sg_size);
 #endif
+#endif
+#ifdef Y_NORMSCALE
     ns_load(lid);
 #endif
 #ifdef TOUCH_W
@@ -589,9 +611,6 @@ fn matmul(
 #endif
 #endif
 #ifdef X_PRENORM
-#ifdef SUBGROUP
-    pre_sg = vec3<u32>(sg_lane, sg_id, sg_size);
-#endif
     prenorm(lid, g);
 #endif
 #ifdef GLU_WG
@@ -634,6 +653,9 @@ fn matmul(
     for (var t = 0u; t < NT; t++) {
         acc[t] = 0.0;
     }
+#ifdef Y_RESNORM
+    let en_in = resnorm_in(p.y_offset + r); // loaded before the loop, used after it
+#endif
     if live {
         let rb = r * p.row_words;
 #ifdef WORDS
@@ -687,13 +709,14 @@ fn matmul(
     }
 #endif
 #ifdef Y_RESNORM
-    // One token (NT = 1); a team past the part's last row still writes its (zero) sum.
-    if lane == 0u && t0 < p.n_tokens {
-        var sq = 0.0;
-        if live {
-            sq = resnorm_row(p.y_offset + t0 * p.y_stride + r, acc[0]);
-        }
-        en_ss[p.ss_offset + (g % p.row_groups) * RPW + slot] = sq;
+    // One token (NT = 1). Every invocation takes part in the sum (barriers); the first writes it.
+    var sq = 0.0;
+    if live && lane == 0u {
+        sq = resnorm_row(p.y_offset + t0 * p.y_stride + r, acc[0], en_in.x, en_in.y);
+    }
+    let total = pre_sum(sq, lid);
+    if lid == 0u && t0 < p.n_tokens {
+        en_ss[p.ss_offset + g % p.row_groups] = total;
     }
 #else
     if live && lane == 0u {

@@ -78,7 +78,7 @@ pub struct MatmulParams {
     pub pre_eps: f32,
     /// `X_PRENORM` with `PRE_ADD`, `Y_RESNORM`: the addend's scale.
     pub pre_scale: f32,
-    /// `Y_RESNORM`: index of this part's first team in the sums of squares.
+    /// `Y_RESNORM`: index of this part's first workgroup in the sums of squares.
     pub ss_offset: u32,
     /// `Y_NORMSCALE`: how many sums of squares the producer wrote.
     pub ss_count: u32,
@@ -966,10 +966,21 @@ pub fn glu_fused_worth(ctx: &GpuContext, w: &GpuTensor) -> bool {
 /// 4 within the workgroup storage beside the reduction's, and `workgroups x cols` within
 /// [`PRENORM_MAX_VALUES`] (past that the repeats outweigh what they save, as for the norm).
 pub fn glu_prologue_fits(ctx: &GpuContext, cfg: MatmulConfig, cols: u64, workgroups: u64) -> bool {
+    glu_prologue_fits_with(ctx, cfg, cols, workgroups, 0)
+}
+
+/// [`glu_prologue_fits`] beside `extra` bytes of other workgroup memory (an epilogue's sum).
+fn glu_prologue_fits_with(
+    ctx: &GpuContext,
+    cfg: MatmulConfig,
+    cols: u64,
+    workgroups: u64,
+    extra: u64,
+) -> bool {
     if !cfg.glu_prologue || cfg.tokens_per_thread != 1 || !cols.is_multiple_of(4) {
         return false;
     }
-    cols * 4 + team_red_bytes(cfg) + ks_bytes(cfg)
+    cols * 4 + team_red_bytes(cfg) + ks_bytes(cfg) + extra
         <= ctx.limits.max_compute_workgroup_storage_size as u64
         && workgroups * cols <= prenorm_max_values()
 }
@@ -1160,7 +1171,8 @@ pub enum Epilogue<'a> {
 
 /// The producer's epilogue: `y += scale * (W x)` in place (`y` is the residual stream, `(rows)`
 /// f32 from element 0), `h = y * w` (the next norm's weight: the part of the norm that needs no
-/// other row), and every team's sum of its rows' `y^2` into `ss` ([`resnorm_partials`] f32).
+/// other row), and every workgroup's sum of its rows' `y^2` into `ss` ([`resnorm_partials`]
+/// f32).
 pub struct ResNorm<'a> {
     /// The next norm's weight: an f32 vector of the GEMV's rows, in one part.
     pub w: &'a GpuTensor,
@@ -1187,23 +1199,17 @@ pub fn epilogue_fits(ctx: &GpuContext) -> bool {
     ctx.limits.max_storage_buffers_per_shader_stage >= 7
 }
 
-/// Sums of squares a [`ResNorm`] GEMV of `w` in shape `cfg` writes: one per team of each
-/// workgroup of each part.
+/// Sums of squares a [`ResNorm`] GEMV of `w` in shape `cfg` writes: one per workgroup of each
+/// part.
 pub fn resnorm_partials(ctx: &GpuContext, cfg: MatmulConfig, w: &GpuTensor) -> u64 {
     let cfg = cfg.fit(ctx).for_w(w.ty, w.cols);
-    let kernel_ks = if cfg.rows_kernel(w.ty) {
-        cfg.k_split
+    let (ks, nr) = if cfg.rows_kernel(w.ty) {
+        (cfg.k_split, cfg.rows_per_team)
     } else {
-        1
+        (1, 1)
     };
-    let kernel_nr = if cfg.rows_kernel(w.ty) {
-        cfg.rows_per_team
-    } else {
-        1
-    };
-    let teams = (cfg.workgroup_size / cfg.threads_per_row / kernel_ks) as u64;
-    let rpw = teams * kernel_nr as u64;
-    w.parts.iter().map(|p| p.rows.div_ceil(rpw) * teams).sum()
+    let rpw = (cfg.workgroup_size / cfg.threads_per_row / ks * nr) as u64;
+    w.parts.iter().map(|p| p.rows.div_ceil(rpw)).sum()
 }
 
 /// [`resnorm_partials`] in the engine's decode shape for `w`.
@@ -1337,7 +1343,9 @@ fn prepare_full(
             Some((_, _, act)) => {
                 let rpw = cfg.rows_per_workgroup() as u64;
                 let workgroups: u64 = w.parts.iter().map(|p| p.rows.div_ceil(rpw)).sum();
-                if glu_prologue_fits(ctx, cfg, w.cols, workgroups * n_tokens as u64) {
+                // (An epilogue's workgroup sum takes one f32 an invocation beside X.)
+                let extra = if epi.is_some() { cfg.workgroup_size as u64 * 4 } else { 0 };
+                if glu_prologue_fits_with(ctx, cfg, w.cols, workgroups * n_tokens as u64, extra) {
                     key_glu_prologue(w.ty, cfg, act, w.cols)?
                 } else {
                     key_glu(w.ty, cfg, Some(act))?
@@ -1365,8 +1373,6 @@ fn prepare_full(
     // The last element each binding is indexed at must fit the shader's u32 arithmetic.
     u32_of("x end", io.x_offset + delta + n_tokens as u64 * io.x_stride)?;
     u32_of("y end", io.y_offset + n_tokens as u64 * io.y_stride)?;
-    // Teams a workgroup has (each writes one sum of squares under Y_RESNORM).
-    let teams = (wg / key_u32(&pipe.key, "TPR") / key_u32(&pipe.key, "KS")) as u64;
     let label = pipe.key.label();
     let mut ss_offset = 0u64;
     for part in &w.parts {
@@ -1402,7 +1408,7 @@ fn prepare_full(
                 _ => 0,
             },
         };
-        ss_offset += row_groups * teams;
+        ss_offset += row_groups; // one sum of squares a workgroup (Y_RESNORM)
         let ubuf = rec.uniform(&label, &params);
         let mut entries = vec![
             wgpu::BindGroupEntry {
