@@ -426,11 +426,11 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
         accr[k] = 0.0;
     }
 #ifdef Y_RESNORM
-    // The epilogue's inputs, loaded now: their latency passes during the loop.
-    var en_in: array<vec2<f32>, NR>;
-    for (var k = 0u; k < NR; k++) {
-        en_in[k] = resnorm_in(p.y_offset + r0 + k * RG);
-    }
+    // The epilogue's inputs of the row this lane will write (lane k < NR writes row k), loaded
+    // now: their latency passes during the loop. (One value a lane, not an array of the NR
+    // rows: a private array filled here was kept in local memory, and the lane waited for the
+    // loads before its loop.)
+    let en_mine = resnorm_in(p.y_offset + r0 + min(lane, NR - 1u) * RG);
 #endif
     if r0 < p.rows && t < p.n_tokens {
         // Rows past the part's end read clamped or zero words (WGSL bounds every access) and
@@ -472,7 +472,7 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
         workgroupBarrier();
     }
     for (var k = 0u; k < NR; k++) {
-        accr[k] = red[k * WG_SIZE + me];
+        accr[k] = red[k * WG_SIZE + slot * TPR]; // lane 0's: the team's sums, in every lane
     }
 #endif
 #ifdef Y_NORMSCALE
@@ -500,26 +500,34 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
     }
 #endif
 #ifdef Y_RESNORM
+    // Every lane of the team holds its NR sums: lane k < NR (NR <= TPR, MatmulConfig::fit)
+    // writes row k, its sum picked with constant indices.
     var sq = 0.0;
-#endif
-    if lane == 0u && kq == 0u {
-        for (var k = 0u; k < NR; k++) {
-            let r = r0 + k * RG;
-            if r < p.rows && t < p.n_tokens {
-#ifdef Y_RESNORM
-                let e = en_in[k];
-                sq += resnorm_row(p.y_offset + t * p.y_stride + r, accr[k], e.x, e.y);
-#else
-                y[p.y_offset + t * p.y_stride + r] = accr[k];
-#endif
+    if kq == 0u && lane < NR {
+        var v = accr[0];
+        for (var k = 1u; k < NR; k++) {
+            if lane == k {
+                v = accr[k];
             }
         }
+        let r = r0 + lane * RG;
+        if r < p.rows && t < p.n_tokens {
+            sq = resnorm_row(p.y_offset + t * p.y_stride + r, v, en_mine.x, en_mine.y);
+        }
     }
-#ifdef Y_RESNORM
     // Every invocation takes part (barriers); the first writes the workgroup's sum.
     let total = pre_sum(sq, slot * TPR + lane);
     if slot == 0u && lane == 0u && t < p.n_tokens {
         en_ss[p.ss_offset + g % p.row_groups] = total;
+    }
+#else
+    if lane == 0u && kq == 0u {
+        for (var k = 0u; k < NR; k++) {
+            let r = r0 + k * RG;
+            if r < p.rows && t < p.n_tokens {
+                y[p.y_offset + t * p.y_stride + r] = accr[k];
+            }
+        }
     }
 #endif
 }

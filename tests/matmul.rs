@@ -649,6 +649,11 @@ async fn check_norm_link(ty: GgmlType) {
             k_split: 2,
             ..MatmulConfig::team(64, 8, 1)
         }),
+        Some(MatmulConfig {
+            subgroup: false,
+            rows_per_team: 4,
+            ..MatmulConfig::team(64, 16, 1)
+        }),
     ];
     let mut worst = 0.0f64;
     // (residual width e = producer rows = consumer cols, producer cols, consumer rows)

@@ -332,7 +332,8 @@ impl MatmulConfig {
         self.tokens_per_thread = self.tokens_per_thread.max(1);
         self.interleaved &= tpr > 1;
         self.unroll = self.unroll.clamp(1, 16);
-        self.rows_per_team = self.rows_per_team.clamp(1, 8).next_power_of_two();
+        // At most a row a lane (a norm epilogue's lane k writes row k of its team).
+        self.rows_per_team = self.rows_per_team.clamp(1, 8).next_power_of_two().min(tpr);
         self.k_split = self
             .k_split
             .clamp(1, self.workgroup_size / tpr)
@@ -1344,7 +1345,11 @@ fn prepare_full(
                 let rpw = cfg.rows_per_workgroup() as u64;
                 let workgroups: u64 = w.parts.iter().map(|p| p.rows.div_ceil(rpw)).sum();
                 // (An epilogue's workgroup sum takes one f32 an invocation beside X.)
-                let extra = if epi.is_some() { cfg.workgroup_size as u64 * 4 } else { 0 };
+                let extra = if epi.is_some() {
+                    cfg.workgroup_size as u64 * 4
+                } else {
+                    0
+                };
                 if glu_prologue_fits_with(ctx, cfg, w.cols, workgroups * n_tokens as u64, extra) {
                     key_glu_prologue(w.ty, cfg, act, w.cols)?
                 } else {
