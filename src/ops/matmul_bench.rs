@@ -81,7 +81,23 @@ pub struct BenchOptions {
     /// Wall time of the timed run of each entry.
     pub target_secs: f64,
     pub max_iters: u32,
+    /// The norm epilogue each GEMV runs with (`matmul::Epilogue`), to time what it adds.
+    pub epilogue: BenchEpilogue,
 }
+
+/// Which norm epilogue a benchmarked GEMV carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchEpilogue {
+    None,
+    /// The block's last projection: residual add, `x * w`, the workgroups' sums of squares.
+    ResNorm,
+    /// The next projection: the output scaled by the norm of [`BENCH_NORM_SUMS`] sums.
+    NormScale,
+}
+
+/// Sums of squares a benchmarked [`BenchEpilogue::NormScale`] adds: what Llama 3 8B's down
+/// projection writes in the engine's shape on a GPU with subgroups (512 workgroups).
+pub const BENCH_NORM_SUMS: u32 = 512;
 
 impl BenchOptions {
     /// Every type on the Gemma 3 270M and Llama 3 8B shapes, ~0.2 s per entry.
@@ -96,6 +112,7 @@ impl BenchOptions {
             configs: None,
             target_secs: 0.2,
             max_iters: 2000,
+            epilogue: BenchEpilogue::None,
         }
     }
 
@@ -458,7 +475,43 @@ async fn bench_one(
     let y = ctx.empty_storage("bench y", shape.rows * 4)?;
     // Prepared once (pipeline, bind group, uniform), recorded `iters` times into one pass.
     let mut rec = crate::gpu::Recorder::new(ctx);
-    matmul::prepare(&mut rec, cfg, &w, &x, 0, &y, 0, 1)?;
+    let ones = vec![1.0f32; shape.rows.max(BENCH_NORM_SUMS as u64) as usize];
+    let norm_w = upload_tensor(
+        ctx,
+        "bench norm",
+        GgmlType::F32,
+        shape.rows,
+        1,
+        bytemuck::cast_slice(&ones[..shape.rows as usize]),
+        ctx.limits.max_binding(),
+    )?;
+    let h = ctx.empty_storage("bench h", shape.rows * 4)?;
+    let ss = ctx.storage_buffer("bench sums", bytemuck::cast_slice(&ones));
+    let config = match opts.epilogue {
+        BenchEpilogue::None => {
+            matmul::prepare(&mut rec, cfg, &w, &x, 0, &y, 0, 1)?;
+            cfg.to_string()
+        }
+        BenchEpilogue::ResNorm => {
+            let epi = matmul::Epilogue::ResNorm(matmul::ResNorm {
+                w: &norm_w,
+                h: &h,
+                ss: &ss,
+                scale: 1.0,
+            });
+            matmul::prepare_epilogue(&mut rec, cfg, &w, &x, 0, None, &y, 0, &epi)?;
+            format!("{cfg} +resnorm")
+        }
+        BenchEpilogue::NormScale => {
+            let epi = matmul::Epilogue::NormScale(matmul::NormScale {
+                ss: &ss,
+                count: BENCH_NORM_SUMS,
+                eps: 1e-5,
+            });
+            matmul::prepare_epilogue(&mut rec, cfg, &w, &x, 0, None, &y, 0, &epi)?;
+            format!("{cfg} +normscale")
+        }
+    };
     let prepared = rec.finish();
     let record = |pass: &mut wgpu::ComputePass<'_>| prepared.record(pass);
     let (iters, secs) = time_adaptive(ctx, &y, opts.target_secs, opts.max_iters, &record).await?;
@@ -468,7 +521,7 @@ async fn bench_one(
         shape: shape.name.to_string(),
         rows: shape.rows,
         cols: shape.cols,
-        config: cfg.to_string(),
+        config,
         weight_bytes: bytes,
         iters,
         us_per_gemv: secs / iters as f64 * 1e6,

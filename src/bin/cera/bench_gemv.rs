@@ -1,17 +1,17 @@
 //! `cera bench-gemv`: the GEMV bandwidth table of [`cera_web::ops::matmul_bench`].
 //!
 //! `cera bench-gemv [--quick] [--json] [--types q8_0,q4_K] [--shapes gemma|llama|all]
-//! [--configs "wg256 tpr32 nt1;wg64 tpr1 nt1"] [--secs 0.2]`
+//! [--configs "wg256 tpr32 nt1;wg64 tpr1 nt1"] [--secs 0.2] [--epilogue resnorm|normscale]`
 
 use cera_web::gguf::GgmlType;
 use cera_web::gpu::GpuContext;
 use cera_web::ops::matmul::{self, MatmulConfig};
-use cera_web::ops::matmul_bench::{self, BenchOptions, BenchRow};
+use cera_web::ops::matmul_bench::{self, BenchEpilogue, BenchOptions, BenchRow};
 use cera_web::{Error, Result};
 
 pub const USAGE: &str =
     "cera bench-gemv [--quick] [--json] [--types q8_0,q4_K,...] [--shapes gemma|llama|all] \
-                         [--configs \"wg256 tpr32 nt1;...\"] [--secs S]";
+                         [--configs \"wg256 tpr32 nt1;...\"] [--secs S] [--epilogue resnorm|normscale]";
 
 fn parse(args: &[String]) -> Result<(BenchOptions, bool)> {
     let quick = args.iter().any(|a| a == "--quick");
@@ -71,6 +71,18 @@ fn parse(args: &[String]) -> Result<(BenchOptions, bool)> {
                         .map(str::parse::<MatmulConfig>)
                         .collect::<Result<_>>()?,
                 )
+            }
+            "--epilogue" => {
+                opts.epilogue = match value()?.as_str() {
+                    "none" => BenchEpilogue::None,
+                    "resnorm" => BenchEpilogue::ResNorm,
+                    "normscale" => BenchEpilogue::NormScale,
+                    other => {
+                        return Err(Error::invalid(format!(
+                            "--epilogue {other}: want none, resnorm or normscale"
+                        )))
+                    }
+                }
             }
             "--secs" => {
                 opts.target_secs = value()?
