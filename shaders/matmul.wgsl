@@ -184,29 +184,32 @@ fn resnorm_in(i: u32) -> vec2<f32> {
 #endif
 #ifdef Y_NORMSCALE
 @group(0) @binding(12) var<storage, read> ns_ss: array<f32>; // (ss_count): the producer's sums
-var<private> ns_part: f32; // this invocation's share of the partial sums
+var<private> ns_first: vec4<f32>; // this invocation's first four partial sums (0 past the end)
+var<private> ns_rest: f32;        // and the rest, if any
 // Called before the rows' loop: a thread's first four partial sums are loaded together
-// (indices clamped to the last one, terms past it dropped), the rest, if any, in a loop.
+// (indices clamped to the last one, masked after the loop), the rest, if any, in a loop. They
+// are added only after the rows' loop (ns_inv): an add here would wait for the loads before
+// the loop starts.
 fn ns_load(lid: u32) {
     let c = p.ss_count;
     let last = max(c, 1u) - 1u;
-    let i1 = lid + WG_SIZE;
-    let i2 = lid + 2u * WG_SIZE;
-    let i3 = lid + 3u * WG_SIZE;
-    let s0 = ns_ss[min(lid, last)];
-    let s1 = ns_ss[min(i1, last)];
-    let s2 = ns_ss[min(i2, last)];
-    let s3 = ns_ss[min(i3, last)];
-    var s = select(0.0, s0, lid < c) + select(0.0, s1, i1 < c) + select(0.0, s2, i2 < c)
-        + select(0.0, s3, i3 < c);
+    ns_first = vec4<f32>(
+        ns_ss[min(lid, last)],
+        ns_ss[min(lid + WG_SIZE, last)],
+        ns_ss[min(lid + 2u * WG_SIZE, last)],
+        ns_ss[min(lid + 3u * WG_SIZE, last)],
+    );
+    var s = 0.0;
     for (var i = lid + 4u * WG_SIZE; i < c; i += WG_SIZE) {
         s += ns_ss[i];
     }
-    ns_part = s;
+    ns_rest = s;
 }
 // The norm's scale, after the rows' loop. Called by every invocation (it has barriers).
 fn ns_inv(lid: u32) -> f32 {
-    return 1.0 / sqrt(pre_sum(ns_part, lid) / f32(p.cols) + p.pre_eps);
+    let i = vec4<u32>(lid, lid + WG_SIZE, lid + 2u * WG_SIZE, lid + 3u * WG_SIZE);
+    let mine = dot(select(vec4<f32>(0.0), ns_first, i < vec4<u32>(p.ss_count)), vec4<f32>(1.0));
+    return 1.0 / sqrt(pre_sum(mine + ns_rest, lid) / f32(p.cols) + p.pre_eps);
 }
 #endif
 #ifdef X_PRENORM

@@ -630,6 +630,9 @@ async fn check_norm_link(ty: GgmlType) {
         None,
         Some(MatmulConfig::simple(1)),
         Some(MatmulConfig::team(256, 32, 1)),
+        // A row a workgroup: 256 or 512 sums for the next (64 invocations, four sums each in
+        // its first loads, the K-quants' rest in its loop).
+        Some(MatmulConfig::team(64, 64, 1)),
         Some(MatmulConfig {
             subgroup: false,
             ..MatmulConfig::team(64, 8, 1)
