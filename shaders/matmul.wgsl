@@ -184,32 +184,35 @@ fn resnorm_in(i: u32) -> vec2<f32> {
 #endif
 #ifdef Y_NORMSCALE
 @group(0) @binding(12) var<storage, read> ns_ss: array<f32>; // (ss_count): the producer's sums
-var<private> ns_first: vec4<f32>; // this invocation's first four partial sums (0 past the end)
-var<private> ns_rest: f32;        // and the rest, if any
-// Called before the rows' loop: a thread's first four partial sums are loaded together
-// (indices clamped to the last one, masked after the loop), the rest, if any, in a loop. They
-// are added only after the rows' loop (ns_inv): an add here would wait for the loads before
-// the loop starts.
-fn ns_load(lid: u32) {
-    let c = p.ss_count;
-    let last = max(c, 1u) - 1u;
-    ns_first = vec4<f32>(
-        ns_ss[min(lid, last)],
-        ns_ss[min(lid + WG_SIZE, last)],
-        ns_ss[min(lid + 2u * WG_SIZE, last)],
-        ns_ss[min(lid + 3u * WG_SIZE, last)],
-    );
-    var s = 0.0;
-    for (var i = lid + 4u * WG_SIZE; i < c; i += WG_SIZE) {
-        s += ns_ss[i];
+// Invocation i's first NS_SLOTS partial sums, i + k * WG_SIZE (NS_SLOTS <= 4, set by the
+// host to cover ss_count where it can), loaded together with indices clamped to the last one
+// (the terms past it are masked in ns_inv). Loaded before the rows' loop and added after it
+// (an add before the loop would wait for the loads); a slot costs a register through the loop.
+fn ns_load(i: u32) -> vec4<f32> {
+    let last = max(p.ss_count, 1u) - 1u;
+    var v = vec4<f32>(ns_ss[min(i, last)], 0.0, 0.0, 0.0);
+    if NS_SLOTS > 1u {
+        v.y = ns_ss[min(i + WG_SIZE, last)];
     }
-    ns_rest = s;
+    if NS_SLOTS > 2u {
+        v.z = ns_ss[min(i + 2u * WG_SIZE, last)];
+    }
+    if NS_SLOTS > 3u {
+        v.w = ns_ss[min(i + 3u * WG_SIZE, last)];
+    }
+    return v;
 }
-// The norm's scale, after the rows' loop. Called by every invocation (it has barriers).
-fn ns_inv(lid: u32) -> f32 {
-    let i = vec4<u32>(lid, lid + WG_SIZE, lid + 2u * WG_SIZE, lid + 3u * WG_SIZE);
-    let mine = dot(select(vec4<f32>(0.0), ns_first, i < vec4<u32>(p.ss_count)), vec4<f32>(1.0));
-    return 1.0 / sqrt(pre_sum(mine + ns_rest, lid) / f32(p.cols) + p.pre_eps);
+// The norm's scale from ns_load's sums `first` of invocation i (and the sums past its slots, in
+// a loop: only where ss_count > NS_SLOTS * WG_SIZE). Called by every invocation after the rows'
+// loop (it has barriers).
+fn ns_inv(i: u32, first: vec4<f32>) -> f32 {
+    let k = vec4<u32>(i, i + WG_SIZE, i + 2u * WG_SIZE, i + 3u * WG_SIZE);
+    let live = k < vec4<u32>(p.ss_count) & k < vec4<u32>(NS_SLOTS * WG_SIZE);
+    var s = dot(select(vec4<f32>(0.0), first, live), vec4<f32>(1.0));
+    for (var j = i + NS_SLOTS * WG_SIZE; j < p.ss_count; j += WG_SIZE) {
+        s += ns_ss[j];
+    }
+    return 1.0 / sqrt(pre_sum(s, i) / f32(p.cols) + p.pre_eps);
 }
 #endif
 #ifdef X_PRENORM
@@ -428,6 +431,13 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
     for (var k = 0u; k < NR; k++) {
         accr[k] = 0.0;
     }
+#ifdef Y_NORMSCALE
+#ifndef NS_LATE
+    // (slot * TPR + lane runs over 0 .. WG_SIZE: the invocation's index, with or without
+    // subgroups.)
+    let ns_sums = ns_load(slot * TPR + lane);
+#endif
+#endif
 #ifdef Y_RESNORM
     // The epilogue's inputs of the row this lane will write (lane k < NR writes row k), loaded
     // now: their latency passes during the loop. (One value a lane, not an array of the NR
@@ -480,7 +490,10 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
 #endif
 #ifdef Y_NORMSCALE
     // Before the KS teams part (every invocation takes part); the sum is linear in accr.
-    let inv = ns_inv(slot * TPR + lane);
+#ifdef NS_LATE
+    let ns_sums = ns_load(slot * TPR + lane);
+#endif
+    let inv = ns_inv(slot * TPR + lane, ns_sums);
     for (var k = 0u; k < NR; k++) {
         accr[k] *= inv;
     }
@@ -611,9 +624,6 @@ fn matmul(
     pre_sg = vec3<u32>(sg_lane, sg_id, sg_size);
 #endif
 #endif
-#ifdef Y_NORMSCALE
-    ns_load(lid);
-#endif
 #ifdef TOUCH_W
 #ifdef SUBGROUP
     let touched = touch_w(g, sg_lane % TPR, sg_id * (sg_size / TPR) + sg_lane / TPR);
@@ -667,6 +677,11 @@ fn matmul(
 #ifdef Y_RESNORM
     let en_in = resnorm_in(p.y_offset + r); // loaded before the loop, used after it
 #endif
+#ifdef Y_NORMSCALE
+#ifndef NS_LATE
+    let ns_sums = ns_load(lid);
+#endif
+#endif
     if live {
         let rb = r * p.row_words;
 #ifdef WORDS
@@ -714,7 +729,10 @@ fn matmul(
 #endif
 #endif
 #ifdef Y_NORMSCALE
-    let inv = ns_inv(lid);
+#ifdef NS_LATE
+    let ns_sums = ns_load(lid);
+#endif
+    let inv = ns_inv(lid, ns_sums);
     for (var t = 0u; t < NT; t++) {
         acc[t] *= inv;
     }

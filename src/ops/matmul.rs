@@ -662,7 +662,14 @@ pub fn variants() -> Vec<Variant> {
         ] {
             let mut keys = vec![
                 key(ty, cfg).expect("listed").define("Y_RESNORM", ""),
-                key(ty, cfg).expect("listed").define("Y_NORMSCALE", ""),
+                key(ty, cfg)
+                    .expect("listed")
+                    .define("Y_NORMSCALE", "")
+                    .define("NS_SLOTS", "1u"),
+                key(ty, cfg)
+                    .expect("listed")
+                    .define("Y_NORMSCALE", "")
+                    .define("NS_SLOTS", "4u"),
                 key_glu(ty, cfg, Some(Activation::Silu))
                     .expect("listed")
                     .define("Y_RESNORM", ""),
@@ -1361,7 +1368,20 @@ fn prepare_full(
     };
     let key = match epi {
         Some(Epilogue::ResNorm(_)) => key.define("Y_RESNORM", ""),
-        Some(Epilogue::NormScale(_)) => key.define("Y_NORMSCALE", ""),
+        Some(Epilogue::NormScale(ns)) => {
+            // Slots of the sums each invocation loads before its loop (the rest in a loop).
+            let slots = (ns.count as u64)
+                .div_ceil(cfg.workgroup_size as u64)
+                .clamp(1, 4);
+            let k = key
+                .define("Y_NORMSCALE", "")
+                .define("NS_SLOTS", format!("{slots}u"));
+            if crate::gpu::knob::knob_off("CERA_NS_EARLY") {
+                k.define("NS_LATE", "")
+            } else {
+                k
+            }
+        }
         None => key,
     };
     let pipe = ctx.pipeline(&key)?;
