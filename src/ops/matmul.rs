@@ -1373,14 +1373,8 @@ fn prepare_full(
             let slots = (ns.count as u64)
                 .div_ceil(cfg.workgroup_size as u64)
                 .clamp(1, 4);
-            let k = key
-                .define("Y_NORMSCALE", "")
-                .define("NS_SLOTS", format!("{slots}u"));
-            if crate::gpu::knob::knob_off("CERA_NS_EARLY") {
-                k.define("NS_LATE", "")
-            } else {
-                k
-            }
+            key.define("Y_NORMSCALE", "")
+                .define("NS_SLOTS", format!("{slots}u"))
         }
         None => key,
     };
