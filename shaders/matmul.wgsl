@@ -211,7 +211,7 @@ fn ns_load(i: u32) -> vec4<f32> {
 // loop (it has barriers).
 fn ns_inv(i: u32, first: vec4<f32>) -> f32 {
     let k = vec4<u32>(i, i + WG_SIZE, i + 2u * WG_SIZE, i + 3u * WG_SIZE);
-    let live = k < vec4<u32>(p.ss_count) & k < vec4<u32>(NS_SLOTS * WG_SIZE);
+    let live = (k < vec4<u32>(p.ss_count)) & (k < vec4<u32>(NS_SLOTS * WG_SIZE));
     var s = dot(select(vec4<f32>(0.0), first, live), vec4<f32>(1.0));
     for (var j = i + NS_SLOTS * WG_SIZE; j < p.ss_count; j += WG_SIZE) {
         s += ns_ss[j];
