@@ -622,7 +622,9 @@ impl Model {
             0,
         )?;
 
-        // Decode: each pre-norm, with the residual add and post-norm before it, is computed by the
+        // Decode: a pre-norm model carries each norm in the epilogues of the projections around
+        // it (`link`, see Model::link_norms: the residual stream x is updated in place). Else
+        // each pre-norm, with the residual add and post-norm before it, is computed by the
         // projections that read it (matmul X_PRENORM): the residual stream alternates between
         // two buffers (`x`, `x_alt`), since every workgroup of a projection reads the old one
         // while one of them writes the new one. Elsewhere (prefill, conv layers, a device
