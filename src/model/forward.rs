@@ -550,7 +550,7 @@ impl Model {
 
     /// Whether a decode plan carries each block's norms in its projections' epilogues
     /// ([`matmul::Epilogue`]): the block's last projection (o, down) adds its output to the
-    /// residual stream and writes `x * w_norm` with its teams' sums of `x^2`, the next ones
+    /// residual stream and writes `x * w_norm` with its workgroups' sums of `x^2`, the next ones
     /// (q/k/v, gate/up, the head) scale their outputs by the norm. No dispatch of its own, and
     /// no workgroup repeating the norm ([`Model::fold_norms`]' cost on wide models). Needs every
     /// layer an attention layer without post-norms (the epilogue sees one row of the addend,
@@ -819,6 +819,10 @@ impl Model {
                     hp.head_dim,
                 )?;
             }
+            if !link {
+                // o = att W_o (a linked plan adds it to x in the projection's epilogue, below)
+                kernels::matmul(&mut rec, self.w(&layer.o), &ws.att, &ws.o, n)?;
+            }
             let post = layer.post_attn_norm.as_ref().map(|w| self.w(w));
             if link {
                 // x += o W_o * residual_scale;  h = norm(x) (its scale in gate/up)
@@ -836,11 +840,6 @@ impl Model {
                         &epi,
                     )?;
                 }
-            } else {
-                kernels::matmul(&mut rec, self.w(&layer.o), &ws.att, &ws.o, n)?;
-            }
-            if link {
-                // (done above)
             } else if fold_ffn {
                 // x += post_norm(o) * residual_scale;  h = norm(x), in the gate/up projections
                 let pre = matmul::PreNorm {

@@ -248,9 +248,9 @@ pub fn glu_down(
     glu_down_epilogue(rec, down, gate_up, y, n, act, None).map(|_| ())
 }
 
-/// [`glu_down`], for one token with an epilogue where `epi` is given (see
+/// [`glu_down`], for one token (`n` = 1) with an epilogue where `epi` is given (see
 /// [`matmul::Epilogue`]; `y` is then what it says). Returns the sums of squares a
-/// [`matmul::ResNorm`] wrote.
+/// [`matmul::ResNorm`] wrote (0 without one).
 pub fn glu_down_epilogue(
     rec: &mut Recorder,
     down: &GpuTensor,
@@ -262,26 +262,9 @@ pub fn glu_down_epilogue(
 ) -> Result<u64> {
     let n_ff = down.cols;
     let unfused_gemv = n == 1 && !matmul::glu_fused_worth(rec.ctx, down);
-    if let Some(epi) = epi {
-        let cfg = matmul::MatmulConfig::gemv_for(rec.ctx, down.ty, down.rows, down.cols);
-        if unfused_gemv {
-            let g = View {
-                buffer: gate_up,
-                offset: 0,
-                stride: 2 * n_ff,
-            };
-            let u = View {
-                buffer: gate_up,
-                offset: n_ff,
-                stride: 2 * n_ff,
-            };
-            glu::prepare(rec, act, g, u, g, 1, n_ff as u32)?;
-            return matmul::prepare_epilogue(rec, cfg, down, gate_up, 0, None, y, 0, epi);
-        }
-        let glu = Some((n_ff, act));
-        return matmul::prepare_epilogue(rec, cfg, down, gate_up, 0, glu, y, 0, epi);
-    }
+    let gemv = matmul::MatmulConfig::gemv_for(rec.ctx, down.ty, down.rows, down.cols);
     if crate::ops::gemm::use_gemm(rec.ctx, n) || unfused_gemv {
+        // act(gate) * up into the gate half, then a plain product of it.
         let g = View {
             buffer: gate_up,
             offset: 0,
@@ -293,11 +276,21 @@ pub fn glu_down_epilogue(
             stride: 2 * n_ff,
         };
         glu::prepare(rec, act, g, u, g, n, n_ff as u32)?;
-        matmul::prepare_auto_strided(rec, down, gate_up, 0, Some(2 * n_ff), y, 0, None, n)?;
-        return Ok(0);
+        return match epi {
+            Some(epi) => matmul::prepare_epilogue(rec, gemv, down, gate_up, 0, None, y, 0, epi),
+            None => {
+                let stride = Some(2 * n_ff);
+                matmul::prepare_auto_strided(rec, down, gate_up, 0, stride, y, 0, None, n)?;
+                Ok(0)
+            }
+        };
+    }
+    if let Some(epi) = epi {
+        let glu = Some((n_ff, act));
+        return matmul::prepare_epilogue(rec, gemv, down, gate_up, 0, glu, y, 0, epi);
     }
     let cfg = if n == 1 {
-        matmul::MatmulConfig::gemv_for(rec.ctx, down.ty, down.rows, down.cols)
+        gemv
     } else {
         matmul::MatmulConfig::gemm(rec.ctx, n)
     };
