@@ -1200,24 +1200,27 @@ pub struct NormScale<'a> {
 }
 
 /// Whether decode GEMVs may carry norms in their epilogues on this device: the producer binds
-/// 7 storage buffers (with a fused gated unit), the consumer's reduction one f32 an invocation
-/// of workgroup memory beside the teams' (at most [`team_red_bytes`] + [`ks_bytes`] of the
-/// engine's shapes, which the pipeline build checks).
+/// 7 storage buffers (with a fused gated unit). [`prepare_epilogue`] also checks each shape's
+/// workgroup memory (the epilogue's sum, one f32 an invocation, beside the teams' reduction).
 pub fn epilogue_fits(ctx: &GpuContext) -> bool {
     ctx.limits.max_storage_buffers_per_shader_stage >= 7
 }
 
 /// Sums of squares a [`ResNorm`] GEMV of `w` in shape `cfg` writes: one per workgroup of each
-/// part.
+/// part (the workgroups as its dispatch counts them, from the same pipeline key).
 pub fn resnorm_partials(ctx: &GpuContext, cfg: MatmulConfig, w: &GpuTensor) -> u64 {
     let cfg = cfg.fit(ctx).for_w(w.ty, w.cols);
-    let (ks, nr) = if cfg.rows_kernel(w.ty) {
-        (cfg.k_split, cfg.rows_per_team)
-    } else {
-        (1, 1)
+    let Ok(k) = key(w.ty, cfg) else {
+        return 0;
     };
-    let rpw = (cfg.workgroup_size / cfg.threads_per_row / ks * nr) as u64;
+    let rpw = key_rows_per_workgroup(&k) as u64;
     w.parts.iter().map(|p| p.rows.div_ceil(rpw)).sum()
+}
+
+/// Rows a workgroup of the kernel built from `key` covers: its teams (WG_SIZE / TPR / KS) times
+/// the rows of each (NR).
+fn key_rows_per_workgroup(key: &PipelineKey) -> u32 {
+    key.decisions().workgroup_size / key_u32(key, "TPR") / key_u32(key, "KS") * key_u32(key, "NR")
 }
 
 /// [`resnorm_partials`] in the engine's decode shape for `w`.
@@ -1247,6 +1250,13 @@ pub fn prepare_epilogue(
     }
     if !epilogue_fits(rec.ctx) {
         return bad("this device binds too few storage buffers for a norm epilogue".into());
+    }
+    let fitted = cfg.fit(rec.ctx).for_w(w.ty, w.cols);
+    let shared = fitted.workgroup_size as u64 * 4 + team_red_bytes(fitted) + ks_bytes(fitted);
+    if shared > rec.ctx.limits.max_compute_workgroup_storage_size as u64 {
+        return bad(format!(
+            "a norm epilogue in shape {fitted} needs {shared} bytes of workgroup memory"
+        ));
     }
     if x == y {
         return bad("the epilogue's output cannot be its input".into());
@@ -1379,8 +1389,7 @@ fn prepare_full(
         None => key,
     };
     let pipe = ctx.pipeline(&key)?;
-    let wg = pipe.decisions.workgroup_size;
-    let rpw = wg / key_u32(&pipe.key, "TPR") / key_u32(&pipe.key, "KS") * key_u32(&pipe.key, "NR");
+    let rpw = key_rows_per_workgroup(&pipe.key);
     let nt = key_u32(&pipe.key, "NT");
     let too_big = |what: &str, v: u64| {
         Error::invalid(format!(
