@@ -24,6 +24,16 @@
 //     (coalesced); the TEAM partial dots meet in workgroup memory.
 //   VEC4: Q, K, V, out and scratch are read as vec4 (head_dim % 4 == 0 and 4-aligned offsets),
 //     otherwise as vec2 (head_dim is even, offsets even).
+//   FRESH (partial only; one token): the step's q, k and v arrive raw, as columns of the
+//     projection output bound as `q` (row stride in_stride; q head h at q_offset + h *
+//     q_head_stride, kv head j's k at k_offset + j * HD, its v at v_offset + j * HD), and this
+//     dispatch does qk_rope.wgsl's work as well: each workgroup norms (NORM: per-head RMS norm
+//     with the weights in norm_w, q's then k's) and ropes its q head into workgroup memory; the
+//     workgroups of the chunk holding the step's cell `pos` also norm and rope k of their kv
+//     head and take its v, use both for that cell from workgroup memory, and the one whose head
+//     is first of its kv group writes them to the caches. No workgroup of the dispatch reads
+//     cell pos from the caches, so that write races nothing. It saves a dispatch a layer.
+//     HD: head_dim (the workgroup arrays' size); WG_SIZE >= HD / 2 (a thread a rope pair).
 // The workgroup index is linear in a 2-D grid (get_wid), so the grid may pass 65535 workgroups.
 //
 // Loads and loops: a loop iteration that loads from memory waits for its loads before the next
@@ -56,6 +66,15 @@ struct SplitParams {
     q_offset: u32,   // element index of Q[0, 0, 0] (a multiple of W)
     out_offset: u32, // element index of out[0, 0, 0] (a multiple of W)
     n_chunks: u32,   // chunks per (token, head) in the grid and the scratch: ceil(max_cells / CHUNK)
+    // FRESH only (qk_rope.wgsl's meaning):
+    n_rot: u32,
+    rope_type: u32,     // 0 NeoX, 1 NORM
+    eps: f32,           // NORM
+    attn_factor: f32,   // multiplies the rotated pairs
+    in_stride: u32,     // elements between one token's projection row and the next
+    q_head_stride: u32, // elements between q heads in the row
+    k_offset: u32,      // element index of token 0's k, kv head 0
+    v_offset: u32,      // element index of token 0's v, kv head 0
     pad0: u32,
 }
 
@@ -75,8 +94,18 @@ fn pack_ml(m: f32, l: f32) -> VecN {
 
 @group(0) @binding(0) var<uniform> p: SplitParams;
 @group(0) @binding(1) var<storage, read> q: array<VecN>;               // (n_tokens, n_head, NV) from q_offset / W
+#ifdef FRESH
+#include "rope_decls.tmpl"
+@group(0) @binding(2) var<storage, read_write> k_cache: array<VecN>;   // (n_ctx, n_kv_head, NV)
+@group(0) @binding(3) var<storage, read_write> v_cache: array<VecN>;   // (n_ctx, n_kv_head, NV)
+@group(0) @binding(7) var<storage, read> freq: array<vec2<u32>>;       // (n_rot / 2): rope turns
+#ifdef NORM
+@group(0) @binding(8) var<storage, read> norm_w: array<f32>;           // (2, HD): q's, then k's
+#endif
+#else
 @group(0) @binding(2) var<storage, read> k_cache: array<VecN>;         // (n_ctx, n_kv_head, NV)
 @group(0) @binding(3) var<storage, read> v_cache: array<VecN>;         // (n_ctx, n_kv_head, NV)
+#endif
 @group(0) @binding(4) var<storage, read_write> scratch: array<VecN>;   // o then ml (layout above)
 @group(0) @binding(5) var<storage, read_write> out: array<VecN>;       // (n_tokens, n_head, NV) from out_offset / W
 @group(0) @binding(6) var<storage, read> step: StepState;              // this step's positions
@@ -95,6 +124,42 @@ var<workgroup> pw: array<f32, CHUNK>;                  // exp(score - chunk max)
 var<workgroup> part: array<VecN, WG_SIZE>;             // (groups, NV) partial V sums
 var<workgroup> lpart: array<f32, WG_SIZE>;             // (groups, NV) partial softmax sums
 var<workgroup> mred: array<f32, WG_SIZE>;              // (groups, NV) the reduce's running maxima
+#ifdef FRESH
+var<workgroup> fqk: array<f32, 2u * HD>;              // the roped q head, then cell pos's k, by element
+var<workgroup> qv: array<VecN, HD / W>;                // the roped q head, as vectors
+var<workgroup> kn: array<VecN, HD / W>;                // cell pos's k, as vectors
+var<workgroup> vn: array<VecN, HD / W>;                // cell pos's v
+var<workgroup> nsum: array<vec2<f32>, WG_SIZE>;        // q's and k's sums of squares (NORM)
+
+// Element i of the projection output.
+fn raw(i: u32) -> f32 {
+    return q[i / W][i % W];
+}
+
+// Vector j of the query (roped in workgroup memory).
+fn q_vec(qb: u32, j: u32) -> VecN {
+    return qv[j];
+}
+
+// V vector j of chunk cell i at vector index vi in the cache, or of the fresh cell.
+fn v_vec(i: u32, fresh: u32, vi: u32, j: u32) -> VecN {
+    if i == fresh {
+        return vn[j];
+    }
+    return v_cache[vi];
+}
+#else
+fn q_vec(qb: u32, j: u32) -> VecN {
+    return q[qb + j];
+}
+
+fn v_vec(i: u32, fresh: u32, vi: u32, j: u32) -> VecN {
+    return v_cache[vi];
+}
+#endif
+
+// A cell index no chunk has: the chunk holds no fresh cell.
+const NO_CELL: u32 = 0xffffffffu;
 
 // First cell token `pos` sees: the window start, or 0.
 fn first_cell(pos: u32) -> u32 {
@@ -112,6 +177,88 @@ fn logit(d: f32) -> f32 {
     }
     return s;
 }
+
+#ifdef FRESH
+// Vector i of the roped q (from element 0 of fqk) or k (from element HD).
+fn packed(e: u32) -> VecN {
+#ifdef VEC4
+    return vec4<f32>(fqk[e], fqk[e + 1u], fqk[e + 2u], fqk[e + 3u]);
+#else
+    return vec2<f32>(fqk[e], fqk[e + 1u]);
+#endif
+}
+
+// qk_rope.wgsl's work for this workgroup (FRESH above): its q head, normed and roped, into qv;
+// where `last` (the chunk holds cell pos), k of kv head kvh likewise into kn and its v into vn,
+// and both into the caches from the first head of the kv group. Every thread of the workgroup
+// calls it (barriers). Thread lid takes rope pair lid of q and of k; the loads are issued
+// together, before the norm's barriers.
+fn fresh_qkv(t: u32, h: u32, kvh: u32, pos: u32, last: bool, lid: u32) {
+    let half = HD / 2u;
+    let nv = HD / W;
+    let row = t * p.in_stride;
+    let qs = p.q_offset + row + h * p.q_head_stride;
+    // Outside the last chunk k is not needed: its loads re-read q's and are dropped.
+    let ks = select(qs, p.k_offset + row + kvh * HD, last);
+    let vs = (p.v_offset + row + kvh * HD) / W;
+    // Threads past the pairs take the last pair and drop it.
+    let jp = min(lid, half - 1u);
+    let e = rope_pair(jp, p.n_rot, p.rope_type);
+    let fr = freq[min(jp, max(p.n_rot / 2u, 1u) - 1u)];
+    var q0 = raw(qs + e.x);
+    var q1 = raw(qs + e.y);
+    var k0 = raw(ks + e.x);
+    var k1 = raw(ks + e.y);
+    let v = q[vs + min(lid, nv - 1u)];
+#ifdef NORM
+    let wq = vec2<f32>(norm_w[e.x], norm_w[e.y]);
+    let wk = vec2<f32>(norm_w[HD + e.x], norm_w[HD + e.y]);
+    nsum[lid] = select(vec2<f32>(0.0), vec2<f32>(q0 * q0 + q1 * q1, k0 * k0 + k1 * k1), lid < half);
+    workgroupBarrier();
+    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            nsum[lid] += nsum[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(nsum[0] / f32(HD) + p.eps);
+    q0 = q0 * inv.x * wq.x;
+    q1 = q1 * inv.x * wq.y;
+    k0 = k0 * inv.y * wk.x;
+    k1 = k1 * inv.y * wk.y;
+#endif
+    if lid < half {
+        if jp < p.n_rot / 2u {
+            let cs = rope_cos_sin(pos, fr) * p.attn_factor;
+            let rq = rotate_rope(q0, q1, cs.x, cs.y);
+            let rk = rotate_rope(k0, k1, cs.x, cs.y);
+            q0 = rq.x;
+            q1 = rq.y;
+            k0 = rk.x;
+            k1 = rk.y;
+        }
+        fqk[e.x] = q0;
+        fqk[e.y] = q1;
+        fqk[HD + e.x] = k0;
+        fqk[HD + e.y] = k1;
+    }
+    workgroupBarrier();
+    if lid < nv {
+        qv[lid] = packed(lid * W);
+        if last {
+            let kx = packed(HD + lid * W);
+            kn[lid] = kx;
+            vn[lid] = v;
+            if h % (p.n_head / p.n_kv_head) == 0u {
+                let cell = (pos * p.n_kv_head + kvh) * nv + lid;
+                k_cache[cell] = kx;
+                v_cache[cell] = v;
+            }
+        }
+    }
+    workgroupBarrier();
+}
+#endif
 
 @compute @workgroup_size(WG_SIZE)
 fn partial(
@@ -141,6 +288,13 @@ fn partial(
     let qb = p.q_offset / W + pair * nv;
     let rs = p.n_kv_head * nv; // vectors from K[c, kvh, j] to K[c + 1, kvh, j]
     let kb = (c0 * p.n_kv_head + kvh) * nv;
+    // The chunk index of cell pos in the chunk that holds it (FRESH), else NO_CELL.
+#ifdef FRESH
+    let fresh = select(NO_CELL, n - 1u, c1 == pos + 1u);
+    fresh_qkv(t, h, kvh, pos, fresh != NO_CELL, lid);
+#else
+    let fresh = NO_CELL;
+#endif
 
     // The V sum's thread (vg, j) adds vector j of cells vg, vg + groups, ... (consecutive threads
     // read consecutive vectors of a V row). Its first step's four V rows are loaded here, with
@@ -151,10 +305,14 @@ fn partial(
     let j = lid % nv;
     let vb = kb + j;
     let il = n - 1u;
-    var v0 = v_cache[vb + min(vg, il) * rs];
-    var v1 = v_cache[vb + min(vg + groups, il) * rs];
-    var v2 = v_cache[vb + min(vg + 2u * groups, il) * rs];
-    var v3 = v_cache[vb + min(vg + 3u * groups, il) * rs];
+    let i0 = min(vg, il);
+    let i1 = min(vg + groups, il);
+    let i2 = min(vg + 2u * groups, il);
+    let i3 = min(vg + 3u * groups, il);
+    var v0 = v_vec(i0, fresh, vb + i0 * rs, j);
+    var v1 = v_vec(i1, fresh, vb + i1 * rs, j);
+    var v2 = v_vec(i2, fresh, vb + i2 * rs, j);
+    var v3 = v_vec(i3, fresh, vb + i3 * rs, j);
 
     // Scores: team g takes cells g, g + TEAMS, ...; its lane r sums vectors r, r + TEAM, ... of Q
     // and the K row, four a step, loaded together (see "Loads and loops" above); past the row's
@@ -165,14 +323,24 @@ fn partial(
     for (var i = g; i < n; i += TEAMS) {
         let row = kb + i * rs;
         var d = 0.0;
+#ifdef FRESH
+        // The fresh cell's k is in workgroup memory (the whole team takes this branch).
+        if i == fresh {
+            for (var jj = r; jj < nv; jj += TEAM) {
+                d += dot(qv[jj], kn[jj]);
+            }
+            red[i * RED_STRIDE + r] = d;
+            continue;
+        }
+#endif
         for (var jj = r; jj < nv; jj += 4u * TEAM) {
             let j1 = min(jj + TEAM, jl);
             let j2 = min(jj + 2u * TEAM, jl);
             let j3 = min(jj + 3u * TEAM, jl);
-            let q0 = q[qb + jj];
-            let q1 = q[qb + j1];
-            let q2 = q[qb + j2];
-            let q3 = q[qb + j3];
+            let q0 = q_vec(qb, jj);
+            let q1 = q_vec(qb, j1);
+            let q2 = q_vec(qb, j2);
+            let q3 = q_vec(qb, j3);
             let k0 = k_cache[row + jj];
             let k1 = k_cache[row + j1];
             let k2 = k_cache[row + j2];
@@ -218,10 +386,13 @@ fn partial(
             let i2 = i + 2u * groups;
             let i3 = i + 3u * groups;
             if i != vg {
-                v0 = v_cache[vb + i * rs];
-                v1 = v_cache[vb + min(i1, il) * rs];
-                v2 = v_cache[vb + min(i2, il) * rs];
-                v3 = v_cache[vb + min(i3, il) * rs];
+                let e1 = min(i1, il);
+                let e2 = min(i2, il);
+                let e3 = min(i3, il);
+                v0 = v_vec(i, fresh, vb + i * rs, j);
+                v1 = v_vec(e1, fresh, vb + e1 * rs, j);
+                v2 = v_vec(e2, fresh, vb + e2 * rs, j);
+                v3 = v_vec(e3, fresh, vb + e3 * rs, j);
             }
             let w0 = pw[i];
             let w1 = select(0.0, pw[min(i1, il)], i1 < n);

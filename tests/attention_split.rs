@@ -3,14 +3,20 @@
 //! with one-thread teams), over 1 cell, chunk-sized and ragged ranges, sliding windows that
 //! start mid-chunk and mask whole chunks, GQA/MQA, soft cap, prefill batches, vec2 and vec4
 //! heads, offsets; one prepared pair of dispatches run at two step positions (no stale partial
-//! is read); more than 65535 workgroups. Runs natively and in headless Chrome.
+//! is read); more than 65535 workgroups. The fused decode partial that takes q, k and v raw
+//! from a projection row (`prepare_fresh`: QK-norm, rope and the KV write inside the partial)
+//! against `qk_rope`'s reference composed with attention's, over Gemma-, Llama- and Qwen3.5-like
+//! heads, partial rotary, windows, soft cap, vec2 and vec4, and three decode steps in a row
+//! through one prepared pair. Runs natively and in headless Chrome.
 
 mod common;
 
 use cera_web::gpu::readback::read_f32;
 use cera_web::gpu::{GpuContext, Recorder, Step};
 use cera_web::ops::attention::{self, AttentionConfig, AttentionParams};
-use cera_web::ops::attention_split::{self, SplitConfig};
+use cera_web::ops::attention_split::{self, Fresh, SplitConfig};
+use cera_web::ops::{qk_rope, rope::RopeTable};
+use cera_web::rope::{RopeConfig, RopeType};
 use common::Rng;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -524,3 +530,382 @@ async fn timing() {
     }
 }
 gpu_test!(timing_old_vs_split, timing());
+
+/// One case of the fused decode partial ([`attention_split::prepare_fresh`]).
+#[derive(Clone, Copy, Debug)]
+struct FreshCase {
+    n_head: u32,
+    n_kv: u32,
+    hd: u32,
+    n_rot: u32,
+    rope: RopeType,
+    norm: bool,
+    /// Each q head followed by its output gate in the row (Qwen3.5).
+    gated: bool,
+    /// Columns before q in the row (a multiple of 4 keeps vec4 loads; 2 forces vec2).
+    lead: u32,
+    window: u32,
+    softcap: f32,
+    attn_factor: f32,
+}
+
+impl FreshCase {
+    fn qhs(&self) -> u64 {
+        self.hd as u64 * if self.gated { 2 } else { 1 }
+    }
+    /// Row layout: `lead` columns, q heads `qhs` apart, 2 columns, k, v, 2 columns.
+    fn cols(&self) -> (u64, u64, u64, u64) {
+        let q_col = self.lead as u64;
+        let k_col = q_col + self.n_head as u64 * self.qhs() + 2;
+        let v_col = k_col + (self.n_kv * self.hd) as u64;
+        (
+            q_col,
+            k_col,
+            v_col,
+            v_col + (self.n_kv * self.hd) as u64 + 2,
+        )
+    }
+    fn params(&self, pos: u32) -> AttentionParams {
+        AttentionParams {
+            q_offset: self.lead,
+            ..AttentionParams::new(
+                1,
+                self.n_head,
+                self.n_kv,
+                self.hd,
+                pos,
+                self.window,
+                1.0 / (self.hd as f32).sqrt(),
+                self.softcap,
+            )
+        }
+    }
+    fn rope(&self) -> RopeConfig {
+        let mut c = RopeConfig::new(self.hd as usize, 10000.0, self.rope);
+        c.n_rot = self.n_rot as usize;
+        c.attn_factor = self.attn_factor;
+        c
+    }
+}
+
+/// The expected output and the caches after a step at `pos` from projection row `src`:
+/// `qk_rope`'s reference (norm, rope) puts k and v into cell `pos`, then attention's.
+fn fresh_reference(
+    c: &FreshCase,
+    table: &RopeTable,
+    w: &[f32],
+    src: &[f32],
+    k: &mut [f32],
+    v: &mut [f32],
+    pos: u32,
+) -> Vec<f32> {
+    let (hd, kvd) = (c.hd as usize, (c.n_kv * c.hd) as usize);
+    let (q_col, k_col, v_col, _) = c.cols();
+    let q: Vec<f32> = (0..c.n_head as usize)
+        .flat_map(|h| src[q_col as usize + h * c.qhs() as usize..][..hd].to_vec())
+        .collect();
+    let kraw = &src[k_col as usize..][..kvd];
+    let norm = c.norm.then_some((w, 1e-6f32));
+    let (wq, wk) = qk_rope::reference(
+        table,
+        &q,
+        kraw,
+        c.n_head as usize,
+        c.n_kv as usize,
+        norm,
+        pos,
+    );
+    let cell = pos as usize * kvd;
+    k[cell..cell + kvd].copy_from_slice(&wk);
+    v[cell..cell + kvd].copy_from_slice(&src[v_col as usize..][..kvd]);
+    let p = AttentionParams {
+        q_offset: 0,
+        ..c.params(pos)
+    };
+    attention::reference(&p, &wq, k, v)
+}
+
+/// Cells `0 .. pos` random, from `pos` on poisoned; a projection row; the norm weights.
+fn fresh_inputs(c: &FreshCase, n_ctx: usize, pos: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let kvd = (c.n_kv * c.hd) as usize;
+    let mut rng = Rng::new(0xf7e5 ^ (pos as u64) << 8 ^ (c.hd as u64) << 24 ^ c.n_head as u64);
+    let mut k = rng.vec(n_ctx * kvd);
+    let mut v = rng.vec(n_ctx * kvd);
+    for x in k[pos * kvd..].iter_mut().chain(v[pos * kvd..].iter_mut()) {
+        *x = POISON;
+    }
+    let w: Vec<f32> = rng.vec(2 * c.hd as usize).iter().map(|x| 1.0 + x).collect();
+    (k, v, w)
+}
+
+fn fresh_row(c: &FreshCase, seed: u64) -> Vec<f32> {
+    // q and k of magnitude a few units (the norm matters), v in [-1, 1).
+    let stride = c.cols().3 as usize;
+    let mut rng = Rng::new(seed);
+    let mut row: Vec<f32> = rng.vec(stride).iter().map(|x| 3.0 * x + 0.2).collect();
+    let (_, _, v_col, _) = c.cols();
+    for x in row[v_col as usize..][..(c.n_kv * c.hd) as usize].iter_mut() {
+        *x /= 3.2;
+    }
+    row
+}
+
+/// The worst |difference| of the caches against the expected ones (every cell, so a write to a
+/// wrong cell shows).
+fn cache_error(got: &[f32], want: &[f32]) -> f32 {
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            let d = (g - w).abs();
+            if d.is_nan() {
+                f32::INFINITY
+            } else {
+                d
+            }
+        })
+        .fold(0.0, f32::max)
+}
+
+/// `c` at positions `positions` (consecutive decode steps, each a new projection row) through
+/// one prepared pair and a step buffer, in each shape of `shapes`: the output of every step and
+/// the caches after the last against the references.
+async fn check_fresh(name: &str, shapes: &[SplitConfig], c: FreshCase, positions: &[u32]) {
+    let ctx = context().await;
+    let n_ctx = *positions.iter().max().unwrap() as usize + 4;
+    let first = positions[0] as usize;
+    let (k0, v0, w) = fresh_inputs(&c, n_ctx, first);
+    let table = RopeTable::new(&ctx, &c.rope()).unwrap();
+    let wb = ctx.storage_buffer("fresh norm", bytemuck::cast_slice(&w));
+    let (q_col, k_col, v_col, stride) = c.cols();
+    let p0 = AttentionParams {
+        pos0: 0,
+        ..c.params(0)
+    };
+    let out_len = (c.n_head * c.hd) as usize;
+    let mut failures = Vec::new();
+    for &cfg in shapes {
+        let label = format!(
+            "{name} wg {} chunk {} team {}",
+            cfg.workgroup_size, cfg.chunk, cfg.team
+        );
+        let (mut k, mut v) = (k0.clone(), v0.clone());
+        let kb = ctx.storage_buffer("fresh k", bytemuck::cast_slice(&k));
+        let vb = ctx.storage_buffer("fresh v", bytemuck::cast_slice(&v));
+        let srcb = ctx.empty_storage("fresh src", stride * 4).unwrap();
+        let out = ctx.empty_storage("fresh out", out_len as u64 * 4).unwrap();
+        let scratch = ctx
+            .empty_storage(
+                "fresh scratch",
+                attention_split::scratch_bytes(&p0, cfg, n_ctx as u64),
+            )
+            .unwrap();
+        let step = Step::new(&ctx, 1).unwrap();
+        let f = Fresh {
+            src: &srcb,
+            stride,
+            q_head_stride: c.qhs(),
+            k_col,
+            v_col,
+            rope: &table,
+            norm: c.norm.then_some((&wb, 1e-6)),
+        };
+        assert_eq!(p0.q_offset as u64, q_col);
+        let mut rec = Recorder::new(&ctx);
+        attention_split::prepare_fresh(
+            &mut rec,
+            cfg,
+            &p0,
+            &f,
+            &kb,
+            &vb,
+            &out,
+            &scratch,
+            &step.buffer,
+            n_ctx as u64,
+        )
+        .unwrap();
+        let prepared = rec.finish();
+        for &pos in positions {
+            let row = fresh_row(&c, 0x51 ^ pos as u64);
+            ctx.queue.write_buffer(&srcb, 0, bytemuck::cast_slice(&row));
+            step.write(&ctx, pos, &[0]);
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            prepared.encode(&ctx, &mut enc);
+            ctx.queue.submit([enc.finish()]);
+            let got = read_f32(&ctx, &out, 0, out_len).await.unwrap();
+            let want = fresh_reference(&c, &table, &w, &row, &mut k, &mut v, pos);
+            let p = c.params(pos);
+            failures.extend(compare(&format!("{label} at {pos}"), &p, &got, &want));
+        }
+        let gk = read_f32(&ctx, &kb, 0, k.len()).await.unwrap();
+        let gv = read_f32(&ctx, &vb, 0, v.len()).await.unwrap();
+        let (ek, ev) = (cache_error(&gk, &k), cache_error(&gv, &v));
+        tlog!("{label}: caches' worst |err| k {ek:.2e} v {ev:.2e}");
+        if ek > 1e-5 || ev != 0.0 {
+            failures.push(format!("{label}: caches differ: k {ek:.2e}, v {ev:.2e}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{name} ({c:?}):\n{}",
+        failures.join("\n")
+    );
+}
+
+/// Gemma 3 270M's attention: 4 heads of 256 on one kv head, QK-norm, NeoX rope.
+const GEMMA_FRESH: FreshCase = FreshCase {
+    n_head: 4,
+    n_kv: 1,
+    hd: 256,
+    n_rot: 256,
+    rope: RopeType::Neox,
+    norm: true,
+    gated: false,
+    lead: 0,
+    window: 0,
+    softcap: 0.0,
+    attn_factor: 1.0,
+};
+
+// Steps from cell 0 (the fresh cell alone) and across a chunk border.
+gpu_test!(
+    fresh_gemma_first_steps,
+    check_fresh("fresh_gemma_first_steps", &SHAPES, GEMMA_FRESH, &[0, 1, 2])
+);
+gpu_test!(
+    fresh_gemma_long_windowed,
+    check_fresh(
+        "fresh_gemma_long_windowed",
+        &SHAPES[..2],
+        FreshCase {
+            window: 40,
+            ..GEMMA_FRESH
+        },
+        &[63, 64, 65]
+    )
+);
+// Llama's shape: 8 heads of 128 on 2 kv heads (GQA: one writer a kv group), NORM rope, no
+// QK-norm, q after a lead of 4 columns.
+gpu_test!(
+    fresh_llama_gqa,
+    check_fresh(
+        "fresh_llama_gqa",
+        &SHAPES,
+        FreshCase {
+            n_head: 8,
+            n_kv: 2,
+            hd: 128,
+            n_rot: 128,
+            rope: RopeType::Norm,
+            norm: false,
+            lead: 4,
+            ..GEMMA_FRESH
+        },
+        &[30, 31, 32]
+    )
+);
+// Qwen3.5's: gates between q heads, partial rotary, QK-norm; a lead of 2 columns (vec2 loads).
+gpu_test!(
+    fresh_gated_partial_rotary_vec2,
+    check_fresh(
+        "fresh_gated_partial_rotary_vec2",
+        &SHAPES,
+        FreshCase {
+            n_head: 4,
+            n_kv: 2,
+            hd: 64,
+            n_rot: 16,
+            gated: true,
+            lead: 2,
+            ..GEMMA_FRESH
+        },
+        &[15, 16, 17]
+    )
+);
+// Small heads (12: 6 pairs), soft cap and an attention factor, one thread a team.
+gpu_test!(
+    fresh_small_heads_softcap,
+    check_fresh(
+        "fresh_small_heads_softcap",
+        &SHAPES,
+        FreshCase {
+            n_head: 3,
+            n_kv: 3,
+            hd: 12,
+            n_rot: 12,
+            rope: RopeType::Norm,
+            softcap: 2.0,
+            attn_factor: 1.19,
+            ..GEMMA_FRESH
+        },
+        &[5, 6, 7]
+    )
+);
+
+gpu_test!(fresh_refuses_what_it_cannot_run, async {
+    let ctx = context().await;
+    let c = GEMMA_FRESH;
+    let table = RopeTable::new(&ctx, &c.rope()).unwrap();
+    let (_, k_col, v_col, stride) = c.cols();
+    let buf = |n: u64| ctx.empty_storage("fresh refusal", n * 4).unwrap();
+    let (src, kc, vc, out, scratch) = (buf(stride), buf(4096), buf(4096), buf(1024), buf(1 << 16));
+    let small = buf(8);
+    let cfg = SHAPES[0];
+    let f = Fresh {
+        src: &src,
+        stride,
+        q_head_stride: c.qhs(),
+        k_col,
+        v_col,
+        rope: &table,
+        norm: Some((&small, 1e-6)),
+    };
+    let p = c.params(0);
+    let run = |p: &AttentionParams, f: &Fresh, out: &wgpu::Buffer| {
+        let mut rec = Recorder::new(&ctx);
+        attention_split::prepare_fresh(
+            &mut rec,
+            cfg,
+            p,
+            f,
+            &kc,
+            &vc,
+            out,
+            &scratch,
+            ctx.zero_step(),
+            4,
+        )
+        .map_err(|e| e.to_string())
+    };
+    let norm_short = run(&p, &f, &out).unwrap_err();
+    assert!(norm_short.contains("norm weights"), "{norm_short}");
+    let f = Fresh { norm: None, ..f };
+    run(&p, &f, &out).unwrap();
+    let two = run(&AttentionParams { n_tokens: 2, ..p }, &f, &out).unwrap_err();
+    assert!(two.contains("one a step"), "{two}");
+    let odd = run(
+        &p,
+        &Fresh {
+            k_col: k_col + 1,
+            ..f
+        },
+        &out,
+    )
+    .unwrap_err();
+    assert!(odd.contains("even"), "{odd}");
+    let narrow = run(
+        &p,
+        &Fresh {
+            stride: stride - 3,
+            ..f
+        },
+        &out,
+    )
+    .unwrap_err();
+    assert!(narrow.contains("do not fit"), "{narrow}");
+    let onto_src = run(&p, &f, &src).unwrap_err();
+    assert!(
+        onto_src.contains("other than q") || onto_src.contains("source"),
+        "{onto_src}"
+    );
+});

@@ -606,6 +606,7 @@ impl Model {
         // n_ctx): allocated here, not in the workspace, because only a plan knows its cells, and
         // held by the plan whose dispatches bind it.
         let attn_scratch = kernels::attention_scratch(ctx, hp, n, max_cells)?;
+        let fresh_qkv = kernels::takes_fresh_qkv(ctx, hp, attn_scratch.as_ref());
         let mut rec = Recorder::new(ctx);
         let (e, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
         let ropes = self.ropes_for(kv.n_ctx());
@@ -772,27 +773,36 @@ impl Model {
             }
             // [QK-norm (Qwen3, Gemma 3)], rope q in place, rope k and write k, v into the cache at
             // the step's positions                                                one dispatch
-            let qk_norm = layer.qk_norm.as_ref().map(|w| (w, hp.rms_eps));
-            kernels::qk_rope(&mut rec, rope_table, hp, ws, kv, l, n, qk_norm, step)?;
             // Attention over the cache (causal, sliding window on SWA layers).     (n, q_dim)
+            // Decode on the split kernel does the line above in its first dispatch.
+            let qk_norm = layer.qk_norm.as_ref().map(|w| (w, hp.rms_eps));
             let window = if hp.is_swa(l as u32) {
                 hp.sliding_window
             } else {
                 0
             };
-            kernels::attention(
-                &mut rec,
-                hp,
-                &ws.q,
-                kv.k(l),
-                kv.v(l),
-                &ws.att,
-                n,
-                window,
-                step,
-                max_cells,
-                attn_scratch.as_ref(),
-            )?;
+            match attn_scratch.as_ref().filter(|_| fresh_qkv) {
+                Some(scratch) => kernels::attention_fresh(
+                    &mut rec, rope_table, hp, ws, kv, l, qk_norm, &ws.att, window, step, max_cells,
+                    scratch,
+                )?,
+                None => {
+                    kernels::qk_rope(&mut rec, rope_table, hp, ws, kv, l, n, qk_norm, step)?;
+                    kernels::attention(
+                        &mut rec,
+                        hp,
+                        &ws.q,
+                        kv.k(l),
+                        kv.v(l),
+                        &ws.att,
+                        n,
+                        window,
+                        step,
+                        max_cells,
+                        attn_scratch.as_ref(),
+                    )?;
+                }
+            }
             if hp.attn_gate {
                 // Qwen3.5: attention's output times sigmoid(gate), each head's gate beside its q
                 // in the projection output: rows (token, head), heads 2 head_dim apart, tokens

@@ -143,6 +143,60 @@ pub fn qk_rope(
     qk_rope::prepare_fused(rec, table, &f, n, hp.n_head, hp.n_head_kv, norm, 0, step)
 }
 
+/// Whether a plan with this attention `scratch` (decode on the split kernel) runs
+/// [`attention_fresh`] instead of [`qk_rope`] and [`attention`]: where the device fits the fused
+/// partial's shape. `CERA_FRESH_ATTN=0` (native) keeps the two dispatches, to compare.
+pub fn takes_fresh_qkv(ctx: &GpuContext, hp: &HParams, scratch: Option<&wgpu::Buffer>) -> bool {
+    let cfg = attention_split::SplitConfig::for_device(ctx);
+    scratch.is_some()
+        && crate::gpu::knob::knob("CERA_FRESH_ATTN").as_deref() != Some("0")
+        && attention_split::fresh_config(ctx, cfg, hp.head_dim).is_ok()
+}
+
+/// [`qk_rope`] and the split [`attention`] of one token in the attention's dispatches: the
+/// partial norms and ropes q and k from the projections' output `ws.qkv` and writes k and v into
+/// the cache of layer `l` itself (`attention_split::prepare_fresh`). `out (1, n_head,
+/// head_dim)`; `scratch` as [`attention_scratch`] made it.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_fresh(
+    rec: &mut Recorder,
+    table: &RopeTable,
+    hp: &HParams,
+    ws: &Workspace,
+    kv: &KvCache,
+    layer: usize,
+    norm: Option<(&wgpu::Buffer, f32)>,
+    out: &wgpu::Buffer,
+    window: u32,
+    step: &wgpu::Buffer,
+    max_cells: u32,
+    scratch: &wgpu::Buffer,
+) -> Result<()> {
+    let (qd, kvd) = (hp.q_proj_dim() as u64, hp.kv_dim() as u64);
+    let f = attention_split::Fresh {
+        src: &ws.qkv,
+        stride: qd + 2 * kvd,
+        q_head_stride: qd / hp.n_head as u64,
+        k_col: qd,
+        v_col: qd + kvd,
+        rope: table,
+        norm,
+    };
+    let cfg = attention_split::SplitConfig::for_device(rec.ctx);
+    attention_split::prepare_fresh(
+        rec,
+        cfg,
+        &attention_params(hp, 1, window),
+        &f,
+        kv.k(layer),
+        kv.v(layer),
+        out,
+        scratch,
+        step,
+        max_cells as u64,
+    )
+}
+
 /// `out (n, n_head, head_dim) = softmax(q K^T * scale + mask) V` over the cache, at the step's
 /// positions, for runs attending to at most `max_cells` cells. With `scratch` (see
 /// [`attention_scratch`]) the split (flash-decoding) kernel, else the one-workgroup-per-head one.

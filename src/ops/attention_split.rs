@@ -11,10 +11,15 @@
 //! The partial grid is sized for the plan's `max_cells`; workgroups whose chunk holds no cell
 //! the step's mask allows return at once, and the reduce reads exactly the chunks that hold one
 //! (so a partial left in the scratch by an earlier step is never read).
+//!
+//! [`prepare_fresh`] reads the step's q, k and v as the projections left them and does
+//! `qk_rope`'s work (QK-norm, rope, the KV write) inside the partial: a decode step then runs
+//! two dispatches for a layer's attention instead of three.
 
 use std::mem::offset_of;
 
 use super::attention::AttentionParams;
+use super::rope::RopeTable;
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
 use crate::gpu::{grid_2d, CachedPipeline, GpuContext, PipelineKey, Recorder};
@@ -40,6 +45,15 @@ pub struct SplitParams {
     pub out_offset: u32,
     /// Chunks per (token, head) in the partial grid and the scratch: `ceil(max_cells / CHUNK)`.
     pub n_chunks: u32,
+    /// The `FRESH` partial's rope and source layout ([`Fresh`]; `qk_rope`'s meaning), else 0.
+    pub n_rot: u32,
+    pub rope_type: u32,
+    pub eps: f32,
+    pub attn_factor: f32,
+    pub in_stride: u32,
+    pub q_head_stride: u32,
+    pub k_offset: u32,
+    pub v_offset: u32,
     pub pad0: u32,
 }
 
@@ -58,6 +72,14 @@ impl WgslParams for SplitParams {
         ("q_offset", offset_of!(SplitParams, q_offset)),
         ("out_offset", offset_of!(SplitParams, out_offset)),
         ("n_chunks", offset_of!(SplitParams, n_chunks)),
+        ("n_rot", offset_of!(SplitParams, n_rot)),
+        ("rope_type", offset_of!(SplitParams, rope_type)),
+        ("eps", offset_of!(SplitParams, eps)),
+        ("attn_factor", offset_of!(SplitParams, attn_factor)),
+        ("in_stride", offset_of!(SplitParams, in_stride)),
+        ("q_head_stride", offset_of!(SplitParams, q_head_stride)),
+        ("k_offset", offset_of!(SplitParams, k_offset)),
+        ("v_offset", offset_of!(SplitParams, v_offset)),
         ("pad0", offset_of!(SplitParams, pad0)),
     ];
 }
@@ -121,6 +143,12 @@ impl SplitConfig {
     /// as given (the scratch is sized from it before fitting); a chunk that is not a positive
     /// multiple of 4, or a shape beyond the workgroup memory, is an error.
     pub fn fit(self, ctx: &GpuContext, head_dim: u32, vec4: bool) -> Result<Self> {
+        self.fit_for(ctx, head_dim, vec4, false)
+    }
+
+    /// [`Self::fit`] for the `FRESH` partial when `fresh` ([`prepare_fresh`]): a thread per rope
+    /// pair too (head_dim / 2), and its head arrays in workgroup memory.
+    pub fn fit_for(self, ctx: &GpuContext, head_dim: u32, vec4: bool, fresh: bool) -> Result<Self> {
         let bad = |m: String| Err(Error::invalid(format!("attention_split: {m}")));
         if self.chunk == 0 || !self.chunk.is_multiple_of(4) {
             return bad(format!(
@@ -129,6 +157,7 @@ impl SplitConfig {
             ));
         }
         let nv = head_dim / if vec4 { 4 } else { 2 };
+        let nv = if fresh { head_dim / 2 } else { nv };
         let pow2_floor = |n: u32| 1u32 << (31 - n.max(1).leading_zeros());
         let cap = pow2_floor(ctx.limits.workgroup_size(u32::MAX));
         let wg = pow2_floor(self.workgroup_size.max(1))
@@ -145,7 +174,7 @@ impl SplitConfig {
             chunk: self.chunk,
             team,
         };
-        let need = cfg.workgroup_bytes(vec4);
+        let need = cfg.workgroup_bytes(vec4, fresh.then_some(head_dim));
         if need > ctx.limits.max_compute_workgroup_storage_size as u64 {
             return bad(format!(
                 "{cfg:?} needs {need} bytes of workgroup memory, the device allows {}",
@@ -156,29 +185,47 @@ impl SplitConfig {
     }
 
     /// Workgroup memory of the partial entry (the larger): the (CHUNK, TEAM + 1) partial dots,
-    /// scores and weights of the chunk, and per thread a vector and a float.
-    pub fn workgroup_bytes(&self, vec4: bool) -> u64 {
+    /// scores and weights of the chunk, and per thread a vector and two floats; the `FRESH`
+    /// variant (`fresh_head_dim`) adds five head-sized arrays and two floats a thread.
+    pub fn workgroup_bytes(&self, vec4: bool, fresh_head_dim: Option<u32>) -> u64 {
         let w = if vec4 { 4 } else { 2 };
         let (wg, chunk, team) = (
             self.workgroup_size as u64,
             self.chunk as u64,
             self.team as u64,
         );
-        4 * (chunk * (team + 1) + 2 * chunk + wg * (w + 1))
+        let fresh = fresh_head_dim.map_or(0, |hd| 5 * hd as u64 + 2 * wg);
+        4 * (chunk * (team + 1) + 2 * chunk + wg * (w + 2) + fresh)
     }
 }
 
 /// The pipeline of `entry` ([`ENTRY_PARTIAL`] or [`ENTRY_REDUCE`]) in shape `cfg`.
 pub fn key(cfg: SplitConfig, vec4: bool, entry: &'static str) -> PipelineKey {
-    let k = PipelineKey::new(SHADER, entry)
+    key_fresh(cfg, vec4, entry, None)
+}
+
+/// [`key`], and for the partial with `fresh = Some((head_dim, norm))` its `FRESH` variant
+/// ([`prepare_fresh`]; `NORM` with a QK-norm).
+pub fn key_fresh(
+    cfg: SplitConfig,
+    vec4: bool,
+    entry: &'static str,
+    fresh: Option<(u32, bool)>,
+) -> PipelineKey {
+    let mut k = PipelineKey::new(SHADER, entry)
         .workgroup_size(cfg.workgroup_size)
         .define("CHUNK", format!("{}u", cfg.chunk))
         .define("TEAM", format!("{}u", cfg.team));
     if vec4 {
-        k.define("VEC4", "")
-    } else {
-        k
+        k = k.define("VEC4", "");
     }
+    if let (ENTRY_PARTIAL, Some((head_dim, norm))) = (entry, fresh) {
+        k = k.define("FRESH", "").define("HD", format!("{head_dim}u"));
+        if norm {
+            k = k.define("NORM", "");
+        }
+    }
+    k
 }
 
 /// The `CHUNK` a pipeline was built with.
@@ -210,12 +257,55 @@ pub fn variants() -> Vec<Variant> {
             }
         }
     }
+    // FRESH partials: Gemma 3's heads (256, QK-norm) and Llama's (128), vec4 and vec2.
+    for (cfg, head_dim, norm) in [
+        (SplitConfig::new(256, 16, 16), 256, true),
+        (SplitConfig::new(256, 16, 16), 128, false),
+        (SplitConfig::new(64, 4, 1), 12, true),
+    ] {
+        for vec4 in [false, true] {
+            let k = key_fresh(cfg, vec4, ENTRY_PARTIAL, Some((head_dim, norm)));
+            v.push(Variant {
+                shader: k.shader,
+                entry: k.entry,
+                defines: k.defines,
+            });
+        }
+    }
     v
 }
 
-/// Whether the call reads vec4: head_dim and both offsets multiples of 4.
-fn use_vec4(p: &AttentionParams) -> bool {
-    p.head_dim.is_multiple_of(4) && p.q_offset.is_multiple_of(4) && p.out_offset.is_multiple_of(4)
+/// Whether the call reads vec4: head_dim and both offsets multiples of 4 (and with `fresh`, its
+/// source's columns and strides).
+fn use_vec4(p: &AttentionParams, fresh: Option<&Fresh>) -> bool {
+    let cols = fresh.map_or(0, |f| f.stride | f.q_head_stride | f.k_col | f.v_col);
+    p.head_dim.is_multiple_of(4)
+        && p.q_offset.is_multiple_of(4)
+        && p.out_offset.is_multiple_of(4)
+        && cols.is_multiple_of(4)
+}
+
+/// The step's q, k and v as the projections wrote them, for [`prepare_fresh`]: row `t` of
+/// `src (n_tokens, stride)` holds q's head `h` from column `p.q_offset + h * q_head_stride`, kv
+/// head `j`'s k from `k_col + j * head_dim` and its v from `v_col + j * head_dim`.
+pub struct Fresh<'a> {
+    pub src: &'a wgpu::Buffer,
+    pub stride: u64,
+    /// `head_dim`, or `2 head_dim` where each head's output gate follows it (Qwen3.5).
+    pub q_head_stride: u64,
+    pub k_col: u64,
+    pub v_col: u64,
+    /// The layer's rope (its frequencies, rotated dimensions, layout and factor).
+    pub rope: &'a RopeTable,
+    /// The QK-norm's weights, `(2, head_dim)` f32 (q's, then k's), and its epsilon.
+    pub norm: Option<(&'a wgpu::Buffer, f32)>,
+}
+
+/// The shape [`prepare_fresh`] runs for `cfg` and a head of `head_dim`, or why it cannot (the
+/// device's workgroup size or memory). Callers that get an error run `qk_rope` and
+/// [`prepare`] instead.
+pub fn fresh_config(ctx: &GpuContext, cfg: SplitConfig, head_dim: u32) -> Result<SplitConfig> {
+    cfg.fit_for(ctx, head_dim, head_dim.is_multiple_of(4), true)
 }
 
 /// Bytes of scratch a call of `p` needs for runs of up to `max_cells` cells: per (token, head,
@@ -281,6 +371,59 @@ pub fn prepare(
     step: &wgpu::Buffer,
     max_cells: u64,
 ) -> Result<()> {
+    prepare_inner(
+        rec, cfg, p, q, None, k_cache, v_cache, out, scratch, step, max_cells,
+    )
+}
+
+/// [`prepare`] for one token whose q, k and v are still as the projections left them
+/// ([`Fresh`]): the partial norms (QK-norm) and ropes them at the step's position, takes the
+/// token's own cell from its k and v, and writes them to the caches (`qk_rope`'s work, in
+/// the same dispatch). `p.q_offset` is q's column in `f.src`; `p.n_tokens` must be 1 (a
+/// token's cell is read by no other workgroup of the step only then).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_fresh(
+    rec: &mut Recorder,
+    cfg: SplitConfig,
+    p: &AttentionParams,
+    f: &Fresh,
+    k_cache: &wgpu::Buffer,
+    v_cache: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    scratch: &wgpu::Buffer,
+    step: &wgpu::Buffer,
+    max_cells: u64,
+) -> Result<()> {
+    prepare_inner(
+        rec,
+        cfg,
+        p,
+        f.src,
+        Some(f),
+        k_cache,
+        v_cache,
+        out,
+        scratch,
+        step,
+        max_cells,
+    )
+}
+
+/// Where `q` is [`Fresh`]'s source when `fresh` is given.
+#[allow(clippy::too_many_arguments)]
+fn prepare_inner(
+    rec: &mut Recorder,
+    cfg: SplitConfig,
+    p: &AttentionParams,
+    q: &wgpu::Buffer,
+    fresh: Option<&Fresh>,
+    k_cache: &wgpu::Buffer,
+    v_cache: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    scratch: &wgpu::Buffer,
+    step: &wgpu::Buffer,
+    max_cells: u64,
+) -> Result<()> {
     let ctx = rec.ctx;
     p.validate()?;
     if p.n_tokens == 0 {
@@ -298,8 +441,15 @@ pub fn prepare(
     let rows = p.n_tokens as u64 * p.n_head as u64 * p.head_dim as u64 * 4;
     let cache = max_cells * p.n_kv_head as u64 * p.head_dim as u64 * 4;
     let need_scratch = scratch_bytes(p, cfg, max_cells);
+    let q_need = match fresh {
+        Some(f) => {
+            check_fresh(p, f, [k_cache, v_cache, out])?;
+            p.n_tokens as u64 * f.stride * 4
+        }
+        None => rows + p.q_offset as u64 * 4,
+    };
     for (what, buf, need) in [
-        ("q", q, rows + p.q_offset as u64 * 4),
+        ("q", q, q_need),
         ("out", out, rows + p.out_offset as u64 * 4),
         ("k_cache", k_cache, cache),
         ("v_cache", v_cache, cache),
@@ -319,9 +469,10 @@ pub fn prepare(
             ctx.limits.max_binding()
         ));
     }
-    let vec4 = use_vec4(p);
-    let cfg = cfg.fit(ctx, p.head_dim, vec4)?;
-    let partial = ctx.pipeline(&key(cfg, vec4, ENTRY_PARTIAL))?;
+    let vec4 = use_vec4(p, fresh);
+    let cfg = cfg.fit_for(ctx, p.head_dim, vec4, fresh.is_some())?;
+    let fresh_key = fresh.map(|f| (p.head_dim, f.norm.is_some()));
+    let partial = ctx.pipeline(&key_fresh(cfg, vec4, ENTRY_PARTIAL, fresh_key))?;
     let reduce = ctx.pipeline(&key(cfg, vec4, ENTRY_REDUCE))?;
     let chunk = chunk_of(&partial)? as u64;
     let n_chunks = max_cells.div_ceil(chunk);
@@ -345,39 +496,75 @@ pub fn prepare(
         q_offset: p.q_offset,
         out_offset: p.out_offset,
         n_chunks: n_chunks as u32,
-        pad0: 0,
+        ..Default::default()
+    };
+    let params = match fresh {
+        Some(f) => {
+            let c = &f.rope.config;
+            let u = |v: u64| u32::try_from(v).ok();
+            let cols = [f.stride, f.q_head_stride, f.k_col, f.v_col].map(u);
+            let [Some(in_stride), Some(q_head_stride), Some(k_offset), Some(v_offset)] = cols
+            else {
+                return bad(format!("fresh columns {cols:?} pass u32 indexing"));
+            };
+            SplitParams {
+                n_rot: c.n_rot as u32,
+                rope_type: c.rope_type as u32,
+                eps: f.norm.map_or(0.0, |n| n.1),
+                attn_factor: c.attn_factor,
+                in_stride,
+                q_head_stride,
+                k_offset,
+                v_offset,
+                ..params
+            }
+        }
+        None => params,
     };
     let max_dim = ctx.limits.max_compute_workgroups_per_dimension;
     let ubuf = rec.uniform(&partial.key.label(), &params);
+    let mut entries = vec![
+        wgpu::BindGroupEntry {
+            binding: 0,
+            resource: ubuf.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 1,
+            resource: q.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 2,
+            resource: k_cache.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 3,
+            resource: v_cache.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 4,
+            resource: scratch.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 6,
+            resource: step.as_entire_binding(),
+        },
+    ];
+    if let Some(f) = fresh {
+        entries.push(wgpu::BindGroupEntry {
+            binding: 7,
+            resource: f.rope.buffer.as_entire_binding(),
+        });
+        if let Some((w, _)) = f.norm {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 8,
+                resource: w.as_entire_binding(),
+            });
+        }
+    }
     rec.push(
         "attention",
         &partial,
-        &[
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: ubuf.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 1,
-                resource: q.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 2,
-                resource: k_cache.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 3,
-                resource: v_cache.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 4,
-                resource: scratch.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 6,
-                resource: step.as_entire_binding(),
-            },
-        ],
+        &entries,
         grid_2d(pairs * n_chunks, max_dim)?,
     );
     rec.push(
@@ -403,6 +590,57 @@ pub fn prepare(
         ],
         grid_2d(pairs, max_dim)?,
     );
+    Ok(())
+}
+
+/// [`prepare_fresh`]'s own checks: one token, the rope's head size, the columns within a row
+/// and even (vec2 loads), the norm's weights, and buffers it writes other than its source.
+fn check_fresh(p: &AttentionParams, f: &Fresh, written: [&wgpu::Buffer; 3]) -> Result<()> {
+    let bad = |m: String| {
+        Err(Error::invalid(format!(
+            "attention_split (fresh q/k/v): {m}"
+        )))
+    };
+    let hd = p.head_dim as u64;
+    if p.n_tokens != 1 {
+        return bad(format!("{} tokens: one a step only", p.n_tokens));
+    }
+    if f.rope.config.head_dim as u64 != hd {
+        return bad(format!(
+            "the rope is for heads of {}, the attention's are {hd}",
+            f.rope.config.head_dim
+        ));
+    }
+    let cols = [
+        (p.q_offset as u64, p.n_head as u64, f.q_head_stride),
+        (f.k_col, p.n_kv_head as u64, hd),
+        (f.v_col, p.n_kv_head as u64, hd),
+    ];
+    if f.q_head_stride < hd
+        || cols
+            .iter()
+            .any(|&(c, heads, step)| c + (heads - 1) * step + hd > f.stride)
+    {
+        return bad(format!(
+            "q, k, v columns {cols:?} do not fit rows of {}",
+            f.stride
+        ));
+    }
+    if !(f.stride | f.q_head_stride | f.k_col | f.v_col | p.q_offset as u64).is_multiple_of(2) {
+        return bad("the columns and strides must be even".into());
+    }
+    if let Some((w, _)) = f.norm {
+        if w.size() < 2 * hd * 4 {
+            return bad(format!(
+                "the norm weights hold {} bytes, {} needed",
+                w.size(),
+                2 * hd * 4
+            ));
+        }
+    }
+    if written.contains(&f.src) {
+        return bad("the source must be a buffer the dispatch does not write".into());
+    }
     Ok(())
 }
 
