@@ -125,11 +125,14 @@ var<workgroup> part: array<VecN, WG_SIZE>;             // (groups, NV) partial V
 var<workgroup> lpart: array<f32, WG_SIZE>;             // (groups, NV) partial softmax sums
 var<workgroup> mred: array<f32, WG_SIZE>;              // (groups, NV) the reduce's running maxima
 #ifdef FRESH
-var<workgroup> fqk: array<f32, 2u * HD>;              // the roped q head, then cell pos's k, by element
-var<workgroup> qv: array<VecN, HD / W>;                // the roped q head, as vectors
-var<workgroup> kn: array<VecN, HD / W>;                // cell pos's k, as vectors
+var<workgroup> qv: array<VecN, HD / W>;                // the roped q head
+var<workgroup> kn: array<VecN, HD / W>;                // cell pos's k, roped
 var<workgroup> vn: array<VecN, HD / W>;                // cell pos's v
-var<workgroup> nsum: array<vec2<f32>, WG_SIZE>;        // q's and k's sums of squares (NORM)
+// NORM: q's and k's sums of squares, a pair a thread, then SQ_PARTS partial sums (two barriers
+// where a tree over the workgroup takes log2(WG_SIZE)).
+const SQ_PARTS: u32 = min(16u, WG_SIZE);
+var<workgroup> nsum: array<vec2<f32>, WG_SIZE>;
+var<workgroup> nsq: array<vec2<f32>, SQ_PARTS>;
 
 // Element i of the projection output.
 fn raw(i: u32) -> f32 {
@@ -179,15 +182,6 @@ fn logit(d: f32) -> f32 {
 }
 
 #ifdef FRESH
-// Vector i of the roped q (from element 0 of fqk) or k (from element HD).
-fn packed(e: u32) -> VecN {
-#ifdef VEC4
-    return vec4<f32>(fqk[e], fqk[e + 1u], fqk[e + 2u], fqk[e + 3u]);
-#else
-    return vec2<f32>(fqk[e], fqk[e + 1u]);
-#endif
-}
-
 // qk_rope.wgsl's work for this workgroup (FRESH above): its q head, normed and roped, into qv;
 // where `last` (the chunk holds cell pos), k of kv head kvh likewise into kn and its v into vn,
 // and both into the caches from the first head of the kv group. Every thread of the workgroup
@@ -215,13 +209,20 @@ fn fresh_qkv(t: u32, h: u32, kvh: u32, pos: u32, last: bool, lid: u32) {
     let wk = vec2<f32>(norm_w[HD + e.x], norm_w[HD + e.y]);
     nsum[lid] = select(vec2<f32>(0.0), vec2<f32>(q0 * q0 + q1 * q1, k0 * k0 + k1 * k1), lid < half);
     workgroupBarrier();
-    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            nsum[lid] += nsum[lid + s];
+    let span = WG_SIZE / SQ_PARTS;
+    if lid < SQ_PARTS {
+        var a = vec2<f32>(0.0);
+        for (var i = 0u; i < span; i++) {
+            a += nsum[lid * span + i];
         }
-        workgroupBarrier();
+        nsq[lid] = a;
     }
-    let inv = 1.0 / sqrt(nsum[0] / f32(HD) + p.eps);
+    workgroupBarrier();
+    var ss = vec2<f32>(0.0);
+    for (var i = 0u; i < SQ_PARTS; i++) {
+        ss += nsq[i];
+    }
+    let inv = 1.0 / sqrt(ss / f32(HD) + p.eps);
     q0 = q0 * inv.x * wq.x;
     q1 = q1 * inv.x * wq.y;
     k0 = k0 * inv.y * wk.x;
@@ -237,26 +238,20 @@ fn fresh_qkv(t: u32, h: u32, kvh: u32, pos: u32, last: bool, lid: u32) {
             k0 = rk.x;
             k1 = rk.y;
         }
-        fqk[e.x] = q0;
-        fqk[e.y] = q1;
-        fqk[HD + e.x] = k0;
-        fqk[HD + e.y] = k1;
+        qv[e.x / W][e.x % W] = q0;
+        qv[e.y / W][e.y % W] = q1;
+        kn[e.x / W][e.x % W] = k0;
+        kn[e.y / W][e.y % W] = k1;
     }
-    workgroupBarrier();
     if lid < nv {
-        qv[lid] = packed(lid * W);
-        if last {
-            let kx = packed(HD + lid * W);
-            kn[lid] = kx;
-            vn[lid] = v;
-            if h % (p.n_head / p.n_kv_head) == 0u {
-                let cell = (pos * p.n_kv_head + kvh) * nv + lid;
-                k_cache[cell] = kx;
-                v_cache[cell] = v;
-            }
-        }
+        vn[lid] = v;
     }
     workgroupBarrier();
+    if last && lid < nv && h % (p.n_head / p.n_kv_head) == 0u {
+        let cell = (pos * p.n_kv_head + kvh) * nv + lid;
+        k_cache[cell] = kn[lid];
+        v_cache[cell] = v;
+    }
 }
 #endif
 

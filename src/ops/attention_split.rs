@@ -186,7 +186,8 @@ impl SplitConfig {
 
     /// Workgroup memory of the partial entry (the larger): the (CHUNK, TEAM + 1) partial dots,
     /// scores and weights of the chunk, and per thread a vector and two floats; the `FRESH`
-    /// variant (`fresh_head_dim`) adds five head-sized arrays and two floats a thread.
+    /// variant (`fresh_head_dim`) adds three head-sized arrays, two floats a thread and the 16
+    /// partial sums of its norm.
     pub fn workgroup_bytes(&self, vec4: bool, fresh_head_dim: Option<u32>) -> u64 {
         let w = if vec4 { 4 } else { 2 };
         let (wg, chunk, team) = (
@@ -194,7 +195,7 @@ impl SplitConfig {
             self.chunk as u64,
             self.team as u64,
         );
-        let fresh = fresh_head_dim.map_or(0, |hd| 5 * hd as u64 + 2 * wg);
+        let fresh = fresh_head_dim.map_or(0, |hd| 3 * hd as u64 + 2 * wg + 2 * wg.min(16));
         4 * (chunk * (team + 1) + 2 * chunk + wg * (w + 2) + fresh)
     }
 }
