@@ -1116,7 +1116,7 @@ pub fn prepare_prenorm_as(
         )));
     }
     let vector = |t: &GpuTensor, what: &str| -> Result<()> {
-        if t.ty != GgmlType::F32 || t.rows * t.cols != w.cols || t.parts.len() != 1 {
+        if !t.is_f32_vector(w.cols) {
             return Err(Error::invalid(format!(
                 "matmul {}: {what} {} must be an f32 vector of {} in one part",
                 w.name, t.name, w.cols
@@ -1264,7 +1264,7 @@ pub fn prepare_epilogue(
     match epi {
         Epilogue::ResNorm(rn) => {
             let t = rn.w;
-            if t.ty != GgmlType::F32 || t.rows * t.cols != w.rows || t.parts.len() != 1 {
+            if !t.is_f32_vector(w.rows) {
                 return bad(format!(
                     "the norm weight {} must be an f32 vector of {} in one part",
                     t.name, w.rows
