@@ -447,6 +447,27 @@ gpu_test!(matmul_glu_input_q8_0, check_glu(GgmlType::Q8_0));
 gpu_test!(matmul_glu_input_q4_k, check_glu(GgmlType::Q4K));
 gpu_test!(matmul_glu_input_q6_k, check_glu(GgmlType::Q6K));
 
+/// The decode shapes a norm folded into a GEMV is tested in (`None` is the engine's own choice):
+/// thread-per-row, row teams with and without subgroups, several rows a team, teams sharing rows.
+const DECODE_NORM_SHAPES: [Option<MatmulConfig>; 6] = [
+    None,
+    Some(MatmulConfig::simple(1)),
+    Some(MatmulConfig::team(256, 32, 1)),
+    Some(MatmulConfig {
+        subgroup: false,
+        ..MatmulConfig::team(64, 8, 1)
+    }),
+    Some(MatmulConfig {
+        rows_per_team: 2,
+        ..MatmulConfig::team(256, 8, 1)
+    }),
+    Some(MatmulConfig {
+        rows_per_team: 2,
+        k_split: 4,
+        ..MatmulConfig::team(256, 8, 1)
+    }),
+];
+
 /// The decode GEMV whose workgroups compute X themselves (`X_PRENORM`): X = rmsnorm(r) * w_n
 /// with r = x, r = x + a * scale, or r = x + rmsnorm(a) * w_a * scale (a post-norm), against an
 /// f64 reference of the norm and the product; r written once to the residual output. Shapes:
@@ -488,24 +509,7 @@ async fn check_prenorm(ty: GgmlType) {
         let (eps, scale) = (1e-6f32, 0.75f32);
         let rms =
             |v: &[f64]| 1.0 / (v.iter().map(|e| e * e).sum::<f64>() / c as f64 + eps as f64).sqrt();
-        let shapes = [
-            None,
-            Some(MatmulConfig::simple(1)),
-            Some(MatmulConfig::team(256, 32, 1)),
-            Some(MatmulConfig {
-                subgroup: false,
-                ..MatmulConfig::team(64, 8, 1)
-            }),
-            Some(MatmulConfig {
-                rows_per_team: 2,
-                ..MatmulConfig::team(256, 8, 1)
-            }),
-            Some(MatmulConfig {
-                rows_per_team: 2,
-                k_split: 4,
-                ..MatmulConfig::team(256, 8, 1)
-            }),
-        ];
+        let shapes = DECODE_NORM_SHAPES;
         for mode in 0..3 {
             // The reference residual r and X, in f64.
             let a64: Vec<f64> = match mode {
@@ -626,26 +630,13 @@ async fn check_norm_link(ty: GgmlType) {
     let ctx = common::context().await;
     let be = ty.block_elems();
     let mut rng = Rng::new(ty.id() as u64 + 1300);
-    let shapes = [
-        None,
-        Some(MatmulConfig::simple(1)),
-        Some(MatmulConfig::team(256, 32, 1)),
-        // A row a workgroup: 256 or 512 sums for the next (64 invocations, four sums each in
-        // its first loads, the K-quants' rest in its loop).
-        Some(MatmulConfig::team(64, 64, 1)),
-        Some(MatmulConfig {
-            subgroup: false,
-            ..MatmulConfig::team(64, 8, 1)
-        }),
-        Some(MatmulConfig {
-            rows_per_team: 2,
-            ..MatmulConfig::team(256, 8, 1)
-        }),
-        Some(MatmulConfig {
-            rows_per_team: 2,
-            k_split: 4,
-            ..MatmulConfig::team(256, 8, 1)
-        }),
+    // Each shape's producer hands its sums to the next shape's consumer, so where a shape sits in
+    // the list chooses the pairs tested.
+    let mut shapes = DECODE_NORM_SHAPES.to_vec();
+    // A row a workgroup: 256 or 512 sums for the next (64 invocations, four sums each in its
+    // first loads, the K-quants' rest in its loop).
+    shapes.insert(3, Some(MatmulConfig::team(64, 64, 1)));
+    shapes.extend([
         Some(MatmulConfig {
             subgroup: false,
             rows_per_team: 4,
@@ -657,7 +648,7 @@ async fn check_norm_link(ty: GgmlType) {
             rows_per_team: 4,
             ..MatmulConfig::team(64, 16, 1)
         }),
-    ];
+    ]);
     let mut worst = 0.0f64;
     // (residual width e = producer rows = consumer cols, producer cols, consumer rows)
     let e = 2 * be.max(128);

@@ -22,13 +22,8 @@ fn every_shader_variant_validates() {
     let variants = cera_web::ops::all_variants();
     assert!(!variants.is_empty());
     for v in &variants {
-        let defs: Vec<(&str, &str)> = v
-            .defines
-            .iter()
-            .map(|(a, b)| (a.as_str(), b.as_str()))
-            .collect();
-        let src = shaders::expand(v.shader, &defs).unwrap();
-        let label = format!("{} {:?}", v.shader, v.defines);
+        let src = v.expand().unwrap();
+        let label = v.label();
         let module = parse(&src, &label);
         // unpack2x16float is core WGSL, but naga files it under SHADER_FLOAT16_IN_FLOAT32 (for GLSL
         // ES targets); wgpu grants it on every Vulkan/Metal/DX12 device and the browser needs none.
@@ -69,12 +64,7 @@ fn params_structs_match_their_wgsl_layout() {
             .into_iter()
             .find(|v| v.shader == shader)
             .unwrap();
-        let defs: Vec<(&str, &str)> = v
-            .defines
-            .iter()
-            .map(|(a, b)| (a.as_str(), b.as_str()))
-            .collect();
-        let src = shaders::expand(shader, &defs).unwrap();
+        let src = v.expand().unwrap();
         let module = parse(&src, shader);
         let ty = module
             .types
@@ -126,7 +116,7 @@ fn attention_workgroup_memory_matches_the_host_formula() {
     }
     for (cfg, hd, want) in cases {
         let k = key(cfg, hd);
-        let src = shaders::expand(k.shader, &k.define_pairs()).unwrap();
+        let src = shaders::expand(k.shader, &k.defines).unwrap();
         let module = parse(&src, "attention.wgsl COOP");
         let mut layouter = naga::proc::Layouter::default();
         layouter.update(module.to_ctx()).unwrap();

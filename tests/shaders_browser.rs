@@ -9,8 +9,6 @@
 
 mod common;
 
-use cera_web::gpu::shaders;
-
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 #[wasm_bindgen_test::wasm_bindgen_test]
@@ -23,13 +21,8 @@ async fn every_browser_shader_variant_compiles_in_the_browser() {
     assert!(!variants.is_empty());
     let mut problems = Vec::new();
     for v in &variants {
-        let defs: Vec<(&str, &str)> = v
-            .defines
-            .iter()
-            .map(|(a, b)| (a.as_str(), b.as_str()))
-            .collect();
-        let src = shaders::expand(v.shader, &defs).unwrap();
-        let label = format!("{} {:?}", v.shader, v.defines);
+        let src = v.expand().unwrap();
+        let label = v.label();
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = ctx
             .device

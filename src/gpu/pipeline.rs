@@ -83,13 +83,6 @@ impl PipelineKey {
         }
         s
     }
-
-    pub fn define_pairs(&self) -> Vec<(&str, &str)> {
-        self.defines
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect()
-    }
 }
 
 /// A compiled pipeline, its bind group layout (group 0) and the decisions it was built with.
@@ -114,7 +107,7 @@ impl PipelineCache {
         if let Some(p) = map.get(key) {
             return Ok(p.clone());
         }
-        let src = shaders::expand(key.shader, &key.define_pairs())?;
+        let src = shaders::expand(key.shader, &key.defines)?;
         let label = key.label();
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&label),

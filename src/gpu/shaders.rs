@@ -78,10 +78,15 @@ pub fn source(name: &str) -> Option<&'static str> {
     FILES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
 }
 
-/// Preprocess a shader from the embedded set.
+/// Preprocess a shader from the embedded set under `(name, value)` defines, owned as pipeline
+/// keys and variants hold them.
 pub fn expand(
     name: &str,
-    defines: &[(&str, &str)],
+    defines: &[(String, String)],
 ) -> crate::error::Result<super::preprocess::Preprocessed> {
-    super::preprocess::preprocess(name, defines, &source)
+    let pairs: Vec<(&str, &str)> = defines
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    super::preprocess::preprocess(name, &pairs, &source)
 }

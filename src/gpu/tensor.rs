@@ -36,6 +36,12 @@ impl GpuTensor {
     pub fn gpu_bytes(&self) -> u64 {
         self.rows * self.row_bytes
     }
+
+    /// An F32 tensor of `n` elements held in one part: a vector (a norm's weight) that a kernel
+    /// binds whole and reads by element index.
+    pub fn is_f32_vector(&self, n: u64) -> bool {
+        self.ty == GgmlType::F32 && self.rows * self.cols == n && self.parts.len() == 1
+    }
 }
 
 /// How rows are grouped into parts: as many whole rows as fit `max_binding` bytes.

@@ -524,10 +524,7 @@ impl Model {
     /// the norm cost less than a dispatch).
     fn fold_norms(&self, ctx: &GpuContext) -> (bool, bool) {
         let e = self.hp.n_embd as u64;
-        let vector = |n: &String| {
-            let t = self.w(n);
-            t.ty == crate::gguf::GgmlType::F32 && t.rows * t.cols == e && t.parts.len() == 1
-        };
+        let vector = |n: &String| self.w(n).is_f32_vector(e);
         let base = self.layers.iter().all(|layer| {
             layer.conv.is_none()
                 && layer.delta.is_none()
@@ -558,10 +555,7 @@ impl Model {
     /// `CERA_NORM_LINK=0` turns it off (native builds).
     fn link_norms(&self, ctx: &GpuContext) -> bool {
         let e = self.hp.n_embd as u64;
-        let vector = |n: &String| {
-            let t = self.w(n);
-            t.ty == crate::gguf::GgmlType::F32 && t.rows * t.cols == e && t.parts.len() == 1
-        };
+        let vector = |n: &String| self.w(n).is_f32_vector(e);
         !crate::gpu::knob::knob_off("CERA_NORM_LINK")
             && matmul::epilogue_fits(ctx)
             && vector(&self.output_norm)

@@ -603,15 +603,25 @@ pub fn variants() -> Vec<Variant> {
             }
         }
     }
+    let variant = |k: PipelineKey| Variant {
+        shader: k.shader,
+        entry: k.entry,
+        defines: k.defines,
+    };
+    // X fused from a GLU: the key that reads the gated unit, then the one computing it once per
+    // workgroup where the shape does.
+    let glu_keys = |ty, cfg: MatmulConfig, act| {
+        let plain = key_glu(ty, cfg, Some(act)).expect("every listed type has a define");
+        let prologue = cfg
+            .glu_prologue
+            .then(|| key_glu_prologue(ty, cfg, act, 256).expect("as above"));
+        std::iter::once(plain).chain(prologue)
+    };
     let mut v = Vec::new();
     for (ty, _) in TYPES {
         for &cfg in &shapes {
             let k = key(ty, cfg).expect("every listed type has a define");
-            v.push(Variant {
-                shader: k.shader,
-                entry: k.entry,
-                defines: k.defines,
-            });
+            v.push(variant(k));
         }
         // X fused from a GLU, with each activation, on the shapes decode uses.
         for cfg in [
@@ -628,20 +638,7 @@ pub fn variants() -> Vec<Variant> {
             },
         ] {
             for act in [Activation::Silu, Activation::GeluTanh] {
-                let k = key_glu(ty, cfg, Some(act)).expect("every listed type has a define");
-                v.push(Variant {
-                    shader: k.shader,
-                    entry: k.entry,
-                    defines: k.defines,
-                });
-                if cfg.glu_prologue {
-                    let k = key_glu_prologue(ty, cfg, act, 256).expect("as above");
-                    v.push(Variant {
-                        shader: k.shader,
-                        entry: k.entry,
-                        defines: k.defines,
-                    });
-                }
+                v.extend(glu_keys(ty, cfg, act).map(variant));
             }
         }
         // Norms carried by the epilogues (decode): producer (also reading a gated unit) and
@@ -660,32 +657,18 @@ pub fn variants() -> Vec<Variant> {
                 ..MatmulConfig::team(256, 8, 1)
             },
         ] {
-            let mut keys = vec![
-                key(ty, cfg).expect("listed").define("Y_RESNORM", ""),
-                key(ty, cfg)
-                    .expect("listed")
+            let plain = key(ty, cfg).expect("listed");
+            let keys = [
+                plain.clone().define("Y_RESNORM", ""),
+                plain
+                    .clone()
                     .define("Y_NORMSCALE", "")
                     .define("NS_SLOTS", "1u"),
-                key(ty, cfg)
-                    .expect("listed")
-                    .define("Y_NORMSCALE", "")
-                    .define("NS_SLOTS", "4u"),
-                key_glu(ty, cfg, Some(Activation::Silu))
-                    .expect("listed")
-                    .define("Y_RESNORM", ""),
-            ];
-            if cfg.glu_prologue {
-                keys.push(
-                    key_glu_prologue(ty, cfg, Activation::Silu, 256)
-                        .expect("listed")
-                        .define("Y_RESNORM", ""),
-                );
-            }
-            v.extend(keys.into_iter().map(|k| Variant {
-                shader: k.shader,
-                entry: k.entry,
-                defines: k.defines,
-            }));
+                plain.define("Y_NORMSCALE", "").define("NS_SLOTS", "4u"),
+            ]
+            .into_iter()
+            .chain(glu_keys(ty, cfg, Activation::Silu).map(|k| k.define("Y_RESNORM", "")));
+            v.extend(keys.map(variant));
         }
         // X normed by the prologue (decode), plain, with a residual add, with a post-norm.
         for cfg in [MatmulConfig::simple(1), MatmulConfig::team(256, 32, 1)] {
@@ -697,11 +680,7 @@ pub fn variants() -> Vec<Variant> {
                     };
                     let k = key_prenorm(ty, cfg, 256, add, add_norm)
                         .expect("every listed type has a define");
-                    v.push(Variant {
-                        shader: k.shader,
-                        entry: k.entry,
-                        defines: k.defines,
-                    });
+                    v.push(variant(k));
                 }
             }
         }
@@ -1116,7 +1095,7 @@ pub fn prepare_prenorm_as(
         )));
     }
     let vector = |t: &GpuTensor, what: &str| -> Result<()> {
-        if t.ty != GgmlType::F32 || t.rows * t.cols != w.cols || t.parts.len() != 1 {
+        if !t.is_f32_vector(w.cols) {
             return Err(Error::invalid(format!(
                 "matmul {}: {what} {} must be an f32 vector of {} in one part",
                 w.name, t.name, w.cols
@@ -1264,7 +1243,7 @@ pub fn prepare_epilogue(
     match epi {
         Epilogue::ResNorm(rn) => {
             let t = rn.w;
-            if t.ty != GgmlType::F32 || t.rows * t.cols != w.rows || t.parts.len() != 1 {
+            if !t.is_f32_vector(w.rows) {
                 return bad(format!(
                     "the norm weight {} must be an f32 vector of {} in one part",
                     t.name, w.rows

@@ -41,6 +41,18 @@ pub struct Variant {
     pub defines: Vec<(String, String)>,
 }
 
+impl Variant {
+    /// The shader's WGSL under this variant's defines.
+    pub fn expand(&self) -> crate::error::Result<crate::gpu::preprocess::Preprocessed> {
+        crate::gpu::shaders::expand(self.shader, &self.defines)
+    }
+
+    /// The variant's name in a test's messages: shader file and defines.
+    pub fn label(&self) -> String {
+        format!("{} {:?}", self.shader, self.defines)
+    }
+}
+
 /// Every shader variant any op can build, for the naga validation test.
 pub fn all_variants() -> Vec<Variant> {
     let mut v = Vec::new();
