@@ -144,20 +144,21 @@ fn q_vec(qb: u32, j: u32) -> VecN {
     return qv[j];
 }
 
-// V vector j of chunk cell i at vector index vi in the cache, or of the fresh cell.
-fn v_vec(i: u32, fresh: u32, vi: u32, j: u32) -> VecN {
+// V vector j of chunk cell i (the chunk's first row from vector vb - j, rows rs apart): from the
+// cache, or the fresh cell's.
+fn v_vec(i: u32, fresh: u32, vb: u32, rs: u32, j: u32) -> VecN {
     if i == fresh {
         return vn[j];
     }
-    return v_cache[vi];
+    return v_cache[vb + i * rs];
 }
 #else
 fn q_vec(qb: u32, j: u32) -> VecN {
     return q[qb + j];
 }
 
-fn v_vec(i: u32, fresh: u32, vi: u32, j: u32) -> VecN {
-    return v_cache[vi];
+fn v_vec(i: u32, fresh: u32, vb: u32, rs: u32, j: u32) -> VecN {
+    return v_cache[vb + i * rs];
 }
 #endif
 
@@ -304,10 +305,10 @@ fn partial(
     let i1 = min(vg + groups, il);
     let i2 = min(vg + 2u * groups, il);
     let i3 = min(vg + 3u * groups, il);
-    var v0 = v_vec(i0, fresh, vb + i0 * rs, j);
-    var v1 = v_vec(i1, fresh, vb + i1 * rs, j);
-    var v2 = v_vec(i2, fresh, vb + i2 * rs, j);
-    var v3 = v_vec(i3, fresh, vb + i3 * rs, j);
+    var v0 = v_vec(i0, fresh, vb, rs, j);
+    var v1 = v_vec(i1, fresh, vb, rs, j);
+    var v2 = v_vec(i2, fresh, vb, rs, j);
+    var v3 = v_vec(i3, fresh, vb, rs, j);
 
     // Scores: team g takes cells g, g + TEAMS, ...; its lane r sums vectors r, r + TEAM, ... of Q
     // and the K row, four a step, loaded together (see "Loads and loops" above); past the row's
@@ -384,10 +385,10 @@ fn partial(
                 let e1 = min(i1, il);
                 let e2 = min(i2, il);
                 let e3 = min(i3, il);
-                v0 = v_vec(i, fresh, vb + i * rs, j);
-                v1 = v_vec(e1, fresh, vb + e1 * rs, j);
-                v2 = v_vec(e2, fresh, vb + e2 * rs, j);
-                v3 = v_vec(e3, fresh, vb + e3 * rs, j);
+                v0 = v_vec(i, fresh, vb, rs, j);
+                v1 = v_vec(e1, fresh, vb, rs, j);
+                v2 = v_vec(e2, fresh, vb, rs, j);
+                v3 = v_vec(e3, fresh, vb, rs, j);
             }
             let w0 = pw[i];
             let w1 = select(0.0, pw[min(i1, il)], i1 < n);
