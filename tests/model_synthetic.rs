@@ -134,7 +134,9 @@ fn compare(
 /// Every model three ways, each against llama.cpp's rows: all 24 tokens in one batch; a prefill
 /// in chunks of 5 (so later chunks attend to cells written by earlier passes, past gemma3's
 /// 8-token window); and one token per pass, the decode path (GEMV kernels, a plan for 1 token).
-/// Qwen3.5 a fourth: one batch with the delta rule's recurrent form.
+/// The F32 models a fourth: the decode path with a real GPU's attention (the split kernel that
+/// norms, ropes and caches q, k and v itself), which a CPU adapter does not choose. Qwen3.5 a
+/// fifth: one batch with the delta rule's recurrent form.
 async fn check(name: &str) {
     let manifest: serde_json::Value = serde_json::from_str(MANIFEST).unwrap();
     let m = &manifest["models"][name];
@@ -164,6 +166,13 @@ async fn check(name: &str) {
         let ours = score_logits(&ctx, &model, &tokens, batch).await.unwrap();
         assert_eq!(ours.len(), want.len(), "{how}");
         compare(name, how, m, &ours, &want, n_vocab, 0);
+    }
+    if name.ends_with("-F32") {
+        model.split_attention = Some(true);
+        let how = "batch 1, split attention";
+        let ours = score_logits(&ctx, &model, &tokens, 1).await.unwrap();
+        compare(name, how, m, &ours, &want, n_vocab, 0);
+        model.split_attention = None;
     }
     // Qwen3.5: the batches above run the delta rule's chunked form (batch 1 the recurrent one);
     // the recurrent form over a whole batch, as a device without room for a chunk runs it.

@@ -94,6 +94,11 @@ pub struct Model {
     /// rule's chunked form, smaller ones (decode) the recurrent one
     /// ([`qwen35::CHUNKED_MIN_TOKENS`]; a plan reads it when it is prepared).
     pub delta_chunked_min: u32,
+    /// Decode plans' attention: the split (flash-decoding) kernel, which also takes q, k and v
+    /// from the projections itself where it fits (`Some(true)`), the one-workgroup-per-head
+    /// kernel after `qk_rope` (`Some(false)`), or by adapter (`None`: split on GPUs, not on CPU
+    /// adapters; [`kernels::attention_scratch`]). Tests set it to run the GPU path on a CPU.
+    pub split_attention: Option<bool>,
 }
 
 /// The rope of each layer for one context class.
@@ -306,6 +311,7 @@ impl Model {
             ropes,
             rope_tables,
             delta_chunked_min: qwen35::CHUNKED_MIN_TOKENS,
+            split_attention: None,
         })
     }
 
@@ -599,7 +605,7 @@ impl Model {
         // The split attention kernel's scratch, sized for this plan's cells (at most the cache's
         // n_ctx): allocated here, not in the workspace, because only a plan knows its cells, and
         // held by the plan whose dispatches bind it.
-        let attn_scratch = kernels::attention_scratch(ctx, hp, n, max_cells)?;
+        let attn_scratch = kernels::attention_scratch(ctx, hp, n, max_cells, self.split_attention)?;
         let fresh_qkv = kernels::takes_fresh_qkv(ctx, hp, attn_scratch.as_ref());
         let mut rec = Recorder::new(ctx);
         let (e, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());

@@ -271,14 +271,16 @@ fn attention_params(hp: &HParams, n: u32, window: u32) -> attention::AttentionPa
 /// `timing_old_vs_split`), and it adds a dispatch per layer.
 ///
 /// One scratch serves every layer of a plan: the layers' attention dispatches run one after the
-/// other in the pass, and the window does not change its size.
+/// other in the pass, and the window does not change its size. `split` overrides the choice
+/// by adapter for decode ([`crate::model::Model::split_attention`]).
 pub fn attention_scratch(
     ctx: &GpuContext,
     hp: &HParams,
     n: u32,
     max_cells: u32,
+    split: Option<bool>,
 ) -> Result<Option<wgpu::Buffer>> {
-    if n != 1 || matmul::is_cpu_adapter(ctx) {
+    if n != 1 || !split.unwrap_or(!matmul::is_cpu_adapter(ctx)) {
         return Ok(None);
     }
     let cfg = attention_split::SplitConfig::for_device(ctx);
