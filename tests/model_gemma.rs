@@ -406,6 +406,53 @@ gpu_test!(
     greedy_teacher_forced()
 );
 
+/// The decode path with a real GPU's attention (split over the cache, q and k normed and roped
+/// and the token's K/V cell written inside it: `Model::split_attention`), which a CPU adapter
+/// does not choose by itself: llama.cpp's greedy ids for one prompt, teacher-forced one token a
+/// pass, the first 20 steps. Native only: it loads a second copy of the model (in Chrome the
+/// synthetic models cover this path).
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn gemma3_split_attention_decode_matches_llama_cpp() {
+    const STEPS: usize = 20;
+    pollster::block_on(async {
+        let t0 = now_s();
+        let ctx = common::context().await;
+        let mut model = Model::new(&ctx, load(&ctx).await).await.unwrap();
+        model.split_attention = Some(true);
+        let fx: Value = serde_json::from_str(GREEDY).unwrap();
+        let p = &fx["prompts"]["capital_raw"];
+        let prompt = ids(&p["prompt_tokens"]);
+        let want = ids(&p["ids"]);
+        let margins = floats(&p["margin"]);
+        let mut tokens = prompt.clone();
+        tokens.extend_from_slice(&want[..STEPS - 1]);
+        let ours = score_rows(&ctx, &model, &tokens, prompt.len() - 1, 5, 1)
+            .await
+            .unwrap();
+        assert_eq!(ours.len(), STEPS);
+        let mut agree = Agreement::default();
+        for (k, row) in ours.iter().enumerate() {
+            let r = RefRow {
+                ids: ids(&p["top5_ids"][k]),
+                logits: floats(&p["top5_logits"][k]),
+                margin: margins[k],
+                lse: None,
+            };
+            agree.add(&format!("split step {k}"), &row.top, None, &r);
+        }
+        tlog!(
+            "split attention: {STEPS} steps: {}, {:.1} s",
+            agree.summary(),
+            now_s() - t0
+        );
+        agree.assert_within("split attention");
+        let clear = margins[..STEPS].iter().filter(|&&m| m > CLEAR).count();
+        assert_eq!(agree.clear, clear);
+        assert!(clear >= 10, "only {clear} clear steps");
+    });
+}
+
 /// The automatic context shift against llama.cpp's shifted run. A session with n_ctx 40, n_keep 4
 /// and n_discard 16 holds the fixture's 40 tokens; feeding llama.cpp's first greedy id fills it,
 /// so the session shifts (re-rotating the 20 kept K cells) and decodes at position 24, as
