@@ -179,11 +179,14 @@ fn resnorm_row(i: u32, v: f32, y0: f32, g: f32) -> f32 {
     en_h[i] = r * g;
     return r * r;
 }
-// The residual and norm weight of output element i, clamped to the part's last row (a row
-// past it is never written).
+// The residual and norm weight of output element i; 0 past the part's last row (such a lane
+// writes nothing). Not a clamped read: every row of the residual is written in place by some
+// workgroup of this dispatch, so a lane reading a row it does not own would race that write.
 fn resnorm_in(i: u32) -> vec2<f32> {
-    let j = min(i, p.y_offset + p.rows - 1u);
-    return vec2<f32>(y[j], en_w[j]);
+    if i >= p.y_offset + p.rows {
+        return vec2<f32>(0.0);
+    }
+    return vec2<f32>(y[i], en_w[i]);
 }
 #endif
 #ifdef Y_NORMSCALE
