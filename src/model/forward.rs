@@ -232,10 +232,7 @@ impl Model {
                 let buf = ctx.empty_storage("qk norm", 2 * norm_bytes)?;
                 for (i, name) in [qn, kn].into_iter().enumerate() {
                     let t = &weights.tensors[name];
-                    if t.ty != crate::gguf::GgmlType::F32
-                        || t.rows * t.cols != hp.head_dim as u64
-                        || t.parts.len() != 1
-                    {
+                    if !t.is_f32_vector(hp.head_dim as u64) {
                         return Err(Error::new(
                             ErrorCode::BadGguf,
                             format!("{name} is not an f32 vector of head_dim {}", hp.head_dim),
