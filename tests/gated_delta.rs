@@ -9,7 +9,7 @@ mod common;
 
 use cera_web::gpu::readback::read_f32;
 use cera_web::ops::gated_delta::{self, DeltaShape, GatedDeltaBuffers};
-use common::Rng;
+use common::{Rng, Strided};
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
@@ -48,44 +48,50 @@ gpu_test!(gated_delta_chunks_heads_and_sizes, async {
         let state = ctx.storage_buffer("state", bytemuck::cast_slice(&vec![3.0f32; hvu * su * su]));
         // qkv rows padded by 1; ba from element 3 in rows of 2 hv + 2; out from element 1 in rows
         // of hv s + 5 (a projection's other columns around them).
-        let (qs, bo, bs, oo, os) = (row + 1, 3usize, 2 * hvu + 2, 1usize, hvu * su + 5);
+        let q_at = Strided {
+            offset: 0,
+            stride: row + 1,
+            len: row,
+        };
+        let ba_at = Strided {
+            offset: 3,
+            stride: 2 * hvu + 2,
+            len: 2 * hvu,
+        };
+        let out_at = Strided {
+            offset: 1,
+            stride: hvu * su + 5,
+            len: hvu * su,
+        };
         for run in 0..2 {
             let mut got = Vec::new();
             let mut pos = 0usize;
             for &c in &chunks {
-                let mut q = vec![0.0f32; c * qs];
-                let mut b = vec![0.0f32; bo + c * bs];
-                for t in 0..c {
-                    q[t * qs..t * qs + row]
-                        .copy_from_slice(&qkv[(pos + t) * row..(pos + t + 1) * row]);
-                    b[bo + t * bs..bo + t * bs + 2 * hvu]
-                        .copy_from_slice(&ba[(pos + t) * 2 * hvu..(pos + t + 1) * 2 * hvu]);
-                }
+                let q = q_at.scatter(&qkv, pos, c);
+                let b = ba_at.scatter(&ba, pos, c);
                 let qbuf = ctx.storage_buffer("qkv", bytemuck::cast_slice(&q));
                 let bbuf = ctx.storage_buffer("ba", bytemuck::cast_slice(&b));
                 let out = ctx
-                    .empty_storage("out", ((oo + c * os) * 4) as u64)
+                    .empty_storage("out", (out_at.span(c) * 4) as u64)
                     .unwrap();
                 let buffers = GatedDeltaBuffers {
                     qkv: &qbuf,
-                    qkv_stride: qs as u64,
+                    qkv_stride: q_at.stride as u64,
                     ba: &bbuf,
-                    ba_offset: bo as u64,
-                    ba_stride: bs as u64,
+                    ba_offset: ba_at.offset as u64,
+                    ba_stride: ba_at.stride as u64,
                     head_w: &hbuf,
                     state: &state,
                     out: &out,
-                    out_offset: oo as u64,
-                    out_stride: os as u64,
+                    out_offset: out_at.offset as u64,
+                    out_stride: out_at.stride as u64,
                 };
                 let mut enc = ctx.device.create_command_encoder(&Default::default());
                 gated_delta::encode(&ctx, &mut enc, &buffers, &shape, c as u32, pos as u32)
                     .unwrap();
                 ctx.queue.submit([enc.finish()]);
-                let o = read_f32(&ctx, &out, 0, oo + c * os).await.unwrap();
-                for t in 0..c {
-                    got.extend_from_slice(&o[oo + t * os..oo + t * os + hvu * su]);
-                }
+                let o = read_f32(&ctx, &out, 0, out_at.span(c)).await.unwrap();
+                got.extend(out_at.gather(&o, c));
                 pos += c;
             }
             for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {

@@ -237,10 +237,7 @@ impl Model {
                 let buf = ctx.empty_storage("qk norm", 2 * norm_bytes)?;
                 for (i, name) in [qn, kn].into_iter().enumerate() {
                     let t = &weights.tensors[name];
-                    if t.ty != crate::gguf::GgmlType::F32
-                        || t.rows * t.cols != hp.head_dim as u64
-                        || t.parts.len() != 1
-                    {
+                    if !t.is_f32_vector(hp.head_dim as u64) {
                         return Err(Error::new(
                             ErrorCode::BadGguf,
                             format!("{name} is not an f32 vector of head_dim {}", hp.head_dim),
@@ -661,20 +658,10 @@ impl Model {
                 eps,
             }))
         };
-        fn res_norm_of<'a>(
-            w: &'a GpuTensor,
-            h: &'a wgpu::Buffer,
-            ss: Option<&'a wgpu::Buffer>,
-            scale: f32,
-        ) -> matmul::Epilogue<'a> {
-            matmul::Epilogue::ResNorm(matmul::ResNorm {
-                w,
-                h,
-                ss: ss.expect("linked plans have the sums"),
-                scale,
-            })
-        }
-        let res_norm = |w| res_norm_of(w, &ws.h, norm_ss.as_ref(), hp.residual_scale);
+        let res_norm = |w| {
+            let ss = norm_ss.as_ref().expect("linked plans have the sums");
+            kernels::res_norm(w, &ws.h, ss, hp.residual_scale)
+        };
         let xs = [&ws.x, &ws.x_alt];
         let mut cur = 0usize;
         if !fold_attn {
@@ -728,22 +715,12 @@ impl Model {
                 if l > 0 {
                     cur = 1 - cur;
                 }
-            } else if link && l > 0 {
-                // h = norm(x): its scale, from the last block's sums of squares
-                let epi = norm_scale(ss_count)?;
-                for p in &layer.qkv {
-                    kernels::gemv_epilogue(
-                        &mut rec,
-                        self.w(&p.tensor),
-                        &ws.h,
-                        &ws.qkv,
-                        p.col,
-                        &epi,
-                    )?;
-                }
             } else {
+                // (linked, after the first layer: h = norm(x), its scale from the last block's
+                // sums of squares in the projections' epilogues)
+                let epi = (link && l > 0).then(|| norm_scale(ss_count)).transpose()?;
                 for p in &layer.qkv {
-                    kernels::matmul_cols(
+                    kernels::project_cols(
                         &mut rec,
                         self.w(&p.tensor),
                         &ws.h,
@@ -751,6 +728,7 @@ impl Model {
                         p.col,
                         qkv_w,
                         n,
+                        epi.as_ref(),
                     )?;
                 }
             }
@@ -839,17 +817,6 @@ impl Model {
                 let epi = res_norm(self.w(&layer.ffn_norm));
                 ss_count =
                     kernels::gemv_epilogue(&mut rec, self.w(&layer.o), &ws.att, &ws.x, 0, &epi)?;
-                let epi = norm_scale(ss_count)?;
-                for p in &layer.gate_up {
-                    kernels::gemv_epilogue(
-                        &mut rec,
-                        self.w(&p.tensor),
-                        &ws.h,
-                        &ws.gate_up,
-                        p.col,
-                        &epi,
-                    )?;
-                }
             } else if fold_ffn {
                 // x += post_norm(o) * residual_scale;  h = norm(x), in the gate/up projections
                 let pre = matmul::PreNorm {
@@ -881,9 +848,13 @@ impl Model {
                     e,
                     hp.rms_eps,
                 )?;
+            }
+            if !fold_ffn {
                 // Feed-forward: f = act(h W_gate) * (h W_up) W_down                  (n, n_embd)
+                // (linked: h's norm scale, from the sums just written, in the epilogues)
+                let epi = link.then(|| norm_scale(ss_count)).transpose()?;
                 for p in &layer.gate_up {
-                    kernels::matmul_cols(
+                    kernels::project_cols(
                         &mut rec,
                         self.w(&p.tensor),
                         &ws.h,
@@ -891,6 +862,7 @@ impl Model {
                         p.col,
                         2 * hp.n_ff as u64,
                         n,
+                        epi.as_ref(),
                     )?;
                 }
             }
@@ -902,7 +874,7 @@ impl Model {
                 // f = act(h W_gate) * (h W_up) W_down;  x += f * residual_scale;  h = norm(x)
                 // with the next pre-norm (its scale in the next projections)
                 let epi = res_norm(next_norm);
-                ss_count = kernels::glu_down_epilogue(
+                ss_count = kernels::glu_down(
                     &mut rec,
                     self.w(&layer.down),
                     &ws.gate_up,
@@ -920,6 +892,7 @@ impl Model {
                 &ws.o,
                 n,
                 hp.activation,
+                None,
             )?;
             // x += post_norm(f) * residual_scale;  h = norm(x) with the next layer's pre-norm
             // (the final norm after the last layer)                               one dispatch
@@ -1034,6 +1007,7 @@ impl Model {
             &ws.o,
             n,
             hp.activation,
+            None,
         )?;
         let next_norm = match self.layers.get(l + 1) {
             Some(next) => self.w(&next.attn_norm),

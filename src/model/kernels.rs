@@ -89,6 +89,32 @@ pub fn matmul_cols(
     matmul::prepare_auto_strided(rec, w, x, 0, None, y, col, Some(stride), n)
 }
 
+/// One projection into its columns of a wider output: [`matmul_cols`] without `epi`, else one
+/// token's [`gemv_epilogue`] into columns `col ..` (one row, so `stride` is not read). Returns the
+/// sums of squares a [`matmul::ResNorm`] wrote (0 without one).
+#[allow(clippy::too_many_arguments)]
+pub fn project_cols(
+    rec: &mut Recorder,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    col: u64,
+    stride: u64,
+    n: u32,
+    epi: Option<&matmul::Epilogue>,
+) -> Result<u64> {
+    match epi {
+        Some(epi) => {
+            debug_assert_eq!(n, 1, "an epilogue runs the one-token GEMV");
+            gemv_epilogue(rec, w, x, y, col, epi)
+        }
+        None => {
+            matmul_cols(rec, w, x, y, col, stride, n)?;
+            Ok(0)
+        }
+    }
+}
+
 /// Columns `col .. col + dim` of `x (n, stride)` += bias.
 #[allow(clippy::too_many_arguments)]
 pub fn add_bias_cols(
@@ -293,21 +319,11 @@ pub fn attention_scratch(
 /// projection reads its input) where the down projection runs the matmul kernel and its GEMV
 /// computes the unit once per workgroup ([`matmul::glu_fused_worth`]); otherwise a GLU dispatch
 /// (into the gate half), then the tiled GEMM for prefill batches or the GEMV for one token.
-pub fn glu_down(
-    rec: &mut Recorder,
-    down: &GpuTensor,
-    gate_up: &wgpu::Buffer,
-    y: &wgpu::Buffer,
-    n: u32,
-    act: glu::Activation,
-) -> Result<()> {
-    glu_down_epilogue(rec, down, gate_up, y, n, act, None).map(|_| ())
-}
-
-/// [`glu_down`], for one token (`n` = 1) with an epilogue where `epi` is given (see
+///
+/// With `epi`, for one token (`n` = 1), the GEMV ends in that epilogue (see
 /// [`matmul::Epilogue`]; `y` is then what it says). Returns the sums of squares a
 /// [`matmul::ResNorm`] wrote (0 without one).
-pub fn glu_down_epilogue(
+pub fn glu_down(
     rec: &mut Recorder,
     down: &GpuTensor,
     gate_up: &wgpu::Buffer,
@@ -366,6 +382,18 @@ pub fn gemv_epilogue(
 ) -> Result<u64> {
     let cfg = matmul::MatmulConfig::gemv_for(rec.ctx, w.ty, w.rows, w.cols);
     matmul::prepare_epilogue(rec, cfg, w, x, 0, None, y, y_off, epi)
+}
+
+/// The producer's epilogue of a linked plan ([`matmul::ResNorm`]): the projection adds
+/// `scale * (W x)` to the residual stream it writes, puts that times `w` (the next norm's
+/// weight) in `h` and its sums of squares in `ss`.
+pub fn res_norm<'a>(
+    w: &'a GpuTensor,
+    h: &'a wgpu::Buffer,
+    ss: &'a wgpu::Buffer,
+    scale: f32,
+) -> matmul::Epilogue<'a> {
+    matmul::Epilogue::ResNorm(matmul::ResNorm { w, h, ss, scale })
 }
 
 /// `x (count) *= s`.

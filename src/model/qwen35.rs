@@ -272,7 +272,15 @@ impl Model {
             gated_delta::prepare(rec, &db, &shape, n, 0, step)?;
         }
         // y = (silu(z) * o) W_out                                                  (n, n_embd)
-        kernels::glu_down(rec, self.w(&delta.out), &dws.zy, &ws.o, n, Activation::Silu)?;
+        kernels::glu_down(
+            rec,
+            self.w(&delta.out),
+            &dws.zy,
+            &ws.o,
+            n,
+            Activation::Silu,
+            None,
+        )?;
         self.plan_ffn_block(rec, ws, l, n)
     }
 }

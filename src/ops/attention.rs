@@ -427,14 +427,7 @@ pub fn variants() -> Vec<Variant> {
         ),
     ]
     .iter()
-    .map(|&(c, hd)| {
-        let k = key(c, hd);
-        Variant {
-            shader: k.shader,
-            entry: k.entry,
-            defines: k.defines,
-        }
-    })
+    .map(|&(c, hd)| key(c, hd).into())
     .collect()
 }
 

@@ -249,12 +249,7 @@ pub fn variants() -> Vec<Variant> {
     ] {
         for vec4 in [false, true] {
             for entry in [ENTRY_PARTIAL, ENTRY_REDUCE] {
-                let k = key(cfg, vec4, entry);
-                v.push(Variant {
-                    shader: k.shader,
-                    entry: k.entry,
-                    defines: k.defines,
-                });
+                v.push(key(cfg, vec4, entry).into());
             }
         }
     }
@@ -265,12 +260,7 @@ pub fn variants() -> Vec<Variant> {
         (SplitConfig::new(64, 4, 1), 12, true),
     ] {
         for vec4 in [false, true] {
-            let k = key_fresh(cfg, vec4, ENTRY_PARTIAL, Some((head_dim, norm)));
-            v.push(Variant {
-                shader: k.shader,
-                entry: k.entry,
-                defines: k.defines,
-            });
+            v.push(key_fresh(cfg, vec4, ENTRY_PARTIAL, Some((head_dim, norm))).into());
         }
     }
     v

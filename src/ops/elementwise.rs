@@ -148,13 +148,7 @@ pub fn variants() -> Vec<Variant> {
         .map(|(n, r)| add_key(WORKGROUP_SIZE, n, *r))
         .collect();
     keys.push(scale_key(WORKGROUP_SIZE));
-    keys.into_iter()
-        .map(|k| Variant {
-            shader: k.shader,
-            entry: k.entry,
-            defines: k.defines,
-        })
-        .collect()
+    keys.into_iter().map(Variant::from).collect()
 }
 
 fn u32_of(what: &str, v: u64) -> Result<u32> {

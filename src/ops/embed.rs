@@ -85,12 +85,9 @@ pub fn variants() -> Vec<Variant> {
     TYPES
         .iter()
         .map(|(ty, _)| {
-            let k = key(*ty, WORKGROUP_SIZE).expect("every listed type has a define");
-            Variant {
-                shader: k.shader,
-                entry: k.entry,
-                defines: k.defines,
-            }
+            key(*ty, WORKGROUP_SIZE)
+                .expect("every listed type has a define")
+                .into()
         })
         .collect()
 }

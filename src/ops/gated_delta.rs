@@ -84,12 +84,7 @@ pub fn workgroup_size(ctx: &GpuContext, head_dim: u32) -> u32 {
 }
 
 pub fn variants() -> Vec<Variant> {
-    let k = key(WORKGROUP_SIZE);
-    vec![Variant {
-        shader: k.shader,
-        entry: k.entry,
-        defines: k.defines,
-    }]
+    vec![key(WORKGROUP_SIZE).into()]
 }
 
 /// The shape of a layer: `n_k_heads` key heads, `n_v_heads` value heads (a multiple; value head

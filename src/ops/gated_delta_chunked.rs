@@ -109,17 +109,13 @@ pub fn variants() -> Vec<Variant> {
     [(128, 16, 128), (16, 64, 16)]
         .into_iter()
         .map(|(workgroup_size, chunk, head_dim)| {
-            let k = ChunkedConfig {
+            ChunkedConfig {
                 workgroup_size,
                 chunk,
                 head_dim,
             }
-            .key();
-            Variant {
-                shader: k.shader,
-                entry: k.entry,
-                defines: k.defines,
-            }
+            .key()
+            .into()
         })
         .collect()
 }

@@ -430,12 +430,7 @@ pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for (ty, _) in TYPES {
         for cfg in shapes {
-            let k = key(ty, cfg).expect("every listed type has a define");
-            v.push(Variant {
-                shader: k.shader,
-                entry: k.entry,
-                defines: k.defines,
-            });
+            v.push(key(ty, cfg).expect("every listed type has a define").into());
         }
     }
     v

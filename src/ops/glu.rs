@@ -111,12 +111,7 @@ pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for act in [Activation::Silu, Activation::GeluTanh, Activation::Sigmoid] {
         for (names, reads) in two_input_patterns() {
-            let k = key(act, WORKGROUP_SIZE, &names, reads);
-            v.push(Variant {
-                shader: k.shader,
-                entry: k.entry,
-                defines: k.defines,
-            });
+            v.push(key(act, WORKGROUP_SIZE, &names, reads).into());
         }
     }
     v

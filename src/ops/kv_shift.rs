@@ -60,17 +60,7 @@ pub fn key(workgroup_size: u32) -> PipelineKey {
 
 /// Workgroup sizes the engine may pick (64 on small adapters and in tests, 256 by default).
 pub fn variants() -> Vec<Variant> {
-    [64u32, 128, 256]
-        .iter()
-        .map(|&wg| {
-            let k = key(wg);
-            Variant {
-                shader: k.shader,
-                entry: k.entry,
-                defines: k.defines,
-            }
-        })
-        .collect()
+    [64u32, 128, 256].iter().map(|&wg| key(wg).into()).collect()
 }
 
 /// Encode one chunk: rotate `params.count` cells of `k_cache` into `scratch`.

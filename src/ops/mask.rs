@@ -47,12 +47,7 @@ pub fn key(workgroup_size: u32) -> PipelineKey {
 }
 
 pub fn variants() -> Vec<Variant> {
-    let k = key(WORKGROUP_SIZE);
-    vec![Variant {
-        shader: k.shader,
-        entry: k.entry,
-        defines: k.defines,
-    }]
+    vec![key(WORKGROUP_SIZE).into()]
 }
 
 /// Words of the bitset for `n_vocab` tokens.

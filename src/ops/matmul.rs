@@ -603,11 +603,6 @@ pub fn variants() -> Vec<Variant> {
             }
         }
     }
-    let variant = |k: PipelineKey| Variant {
-        shader: k.shader,
-        entry: k.entry,
-        defines: k.defines,
-    };
     // X fused from a GLU: the key that reads the gated unit, then the one computing it once per
     // workgroup where the shape does.
     let glu_keys = |ty, cfg: MatmulConfig, act| {
@@ -620,8 +615,7 @@ pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for (ty, _) in TYPES {
         for &cfg in &shapes {
-            let k = key(ty, cfg).expect("every listed type has a define");
-            v.push(variant(k));
+            v.push(key(ty, cfg).expect("every listed type has a define").into());
         }
         // X fused from a GLU, with each activation, on the shapes decode uses.
         for cfg in [
@@ -638,7 +632,7 @@ pub fn variants() -> Vec<Variant> {
             },
         ] {
             for act in [Activation::Silu, Activation::GeluTanh] {
-                v.extend(glu_keys(ty, cfg, act).map(variant));
+                v.extend(glu_keys(ty, cfg, act).map(Variant::from));
             }
         }
         // Norms carried by the epilogues (decode): producer (also reading a gated unit) and
@@ -668,7 +662,7 @@ pub fn variants() -> Vec<Variant> {
             ]
             .into_iter()
             .chain(glu_keys(ty, cfg, Activation::Silu).map(|k| k.define("Y_RESNORM", "")));
-            v.extend(keys.map(variant));
+            v.extend(keys.map(Variant::from));
         }
         // X normed by the prologue (decode), plain, with a residual add, with a post-norm.
         for cfg in [MatmulConfig::simple(1), MatmulConfig::team(256, 32, 1)] {
@@ -680,7 +674,7 @@ pub fn variants() -> Vec<Variant> {
                     };
                     let k = key_prenorm(ty, cfg, 256, add, add_norm)
                         .expect("every listed type has a define");
-                    v.push(variant(k));
+                    v.push(k.into());
                 }
             }
         }

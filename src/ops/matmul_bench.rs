@@ -185,12 +185,9 @@ pub fn variants() -> Vec<Variant> {
     ["copy", "stream"]
         .into_iter()
         .map(|entry| {
-            let k = PipelineKey::new(SHADER, entry).workgroup_size(COPY_WG);
-            Variant {
-                shader: k.shader,
-                entry: k.entry,
-                defines: k.defines,
-            }
+            PipelineKey::new(SHADER, entry)
+                .workgroup_size(COPY_WG)
+                .into()
         })
         .collect()
 }

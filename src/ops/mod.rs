@@ -53,6 +53,18 @@ impl Variant {
     }
 }
 
+/// The variant a pipeline key builds. `unbounded_loops` is left behind: it only changes the
+/// runtime checks the module is compiled with, not the WGSL the validation test parses.
+impl From<crate::gpu::pipeline::PipelineKey> for Variant {
+    fn from(key: crate::gpu::pipeline::PipelineKey) -> Self {
+        Variant {
+            shader: key.shader,
+            entry: key.entry,
+            defines: key.defines,
+        }
+    }
+}
+
 /// Every shader variant any op can build, for the naga validation test.
 pub fn all_variants() -> Vec<Variant> {
     let mut v = Vec::new();

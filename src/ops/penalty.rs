@@ -53,17 +53,7 @@ pub fn key(workgroup_size: u32) -> PipelineKey {
 }
 
 pub fn variants() -> Vec<Variant> {
-    [WORKGROUP_SIZE]
-        .iter()
-        .map(|&wg| {
-            let k = key(wg);
-            Variant {
-                shader: k.shader,
-                entry: k.entry,
-                defines: k.defines,
-            }
-        })
-        .collect()
+    [WORKGROUP_SIZE].iter().map(|&wg| key(wg).into()).collect()
 }
 
 /// Whether these penalties change anything (llama.cpp skips the sampler otherwise).

@@ -92,12 +92,7 @@ pub fn variants() -> Vec<Variant> {
     for norm in [false, true] {
         for src in [false, true] {
             for (wg, head_dim) in [(32u32, 64), (64, 128), (128, 256), (32, 256)] {
-                let k = key_src(norm, src, wg, head_dim);
-                v.push(Variant {
-                    shader: k.shader,
-                    entry: k.entry,
-                    defines: k.defines,
-                });
+                v.push(key_src(norm, src, wg, head_dim).into());
             }
         }
     }

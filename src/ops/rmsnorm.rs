@@ -153,12 +153,7 @@ pub fn variants() -> Vec<Variant> {
                 (1, true),
                 (4, true),
             ] {
-                let k = key(RmsNormVariant { keep, vec4, ..v });
-                out.push(Variant {
-                    shader: k.shader,
-                    entry: k.entry,
-                    defines: k.defines,
-                });
+                out.push(key(RmsNormVariant { keep, vec4, ..v }).into());
             }
         }
     }

@@ -126,11 +126,7 @@ pub fn variants() -> Vec<Variant> {
     [false, true]
         .iter()
         .flat_map(|&kv| [64u32, 256].map(move |wg| key(kv, wg)))
-        .map(|k| Variant {
-            shader: k.shader,
-            entry: k.entry,
-            defines: k.defines,
-        })
+        .map(Variant::from)
         .collect()
 }
 

@@ -39,12 +39,7 @@ fn key(wg: u32) -> PipelineKey {
 }
 
 pub fn variants() -> Vec<Variant> {
-    let k = key(WORKGROUP_SIZE);
-    vec![Variant {
-        shader: k.shader,
-        entry: k.entry,
-        defines: k.defines,
-    }]
+    vec![key(WORKGROUP_SIZE).into()]
 }
 
 /// Prepare `x[offset..offset + count] = cap * tanh(x / cap)`.

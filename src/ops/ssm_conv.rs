@@ -51,12 +51,7 @@ fn key(wg: u32) -> PipelineKey {
 }
 
 pub fn variants() -> Vec<Variant> {
-    let k = key(WORKGROUP_SIZE);
-    vec![Variant {
-        shader: k.shader,
-        entry: k.entry,
-        defines: k.defines,
-    }]
+    vec![key(WORKGROUP_SIZE).into()]
 }
 
 /// The buffers of one conv dispatch.

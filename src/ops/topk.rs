@@ -65,12 +65,7 @@ pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for wg in [64u32, 128, 256] {
         for from_logits in [true, false] {
-            let k = key(wg, from_logits);
-            v.push(Variant {
-                shader: k.shader,
-                entry: k.entry,
-                defines: k.defines,
-            });
+            v.push(key(wg, from_logits).into());
         }
     }
     v

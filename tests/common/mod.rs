@@ -187,3 +187,41 @@ pub fn load_bytes(
     }
     loader.finish()
 }
+
+/// Rows of `len` values laid out `stride` apart from element `offset`: where a kernel's test puts
+/// a strided input or reads a strided output, as if among a projection's other columns.
+#[derive(Clone, Copy, Debug)]
+pub struct Strided {
+    pub offset: usize,
+    pub stride: usize,
+    pub len: usize,
+}
+
+impl Strided {
+    /// Elements from 0 that `rows` rows in this layout span (the buffer to allocate or read).
+    pub fn span(self, rows: usize) -> usize {
+        self.offset + rows * self.stride
+    }
+
+    /// Rows `first .. first + rows` of `packed` (rows of `len`, back to back) in this layout,
+    /// zeros around them.
+    pub fn scatter(self, packed: &[f32], first: usize, rows: usize) -> Vec<f32> {
+        let mut out = vec![0.0f32; self.span(rows)];
+        for t in 0..rows {
+            let at = self.offset + t * self.stride;
+            out[at..at + self.len]
+                .copy_from_slice(&packed[(first + t) * self.len..(first + t + 1) * self.len]);
+        }
+        out
+    }
+
+    /// Rows `0 .. rows` of `buf` in this layout, back to back.
+    pub fn gather(self, buf: &[f32], rows: usize) -> Vec<f32> {
+        (0..rows)
+            .flat_map(|t| {
+                let at = self.offset + t * self.stride;
+                buf[at..at + self.len].iter().copied()
+            })
+            .collect()
+    }
+}
