@@ -144,8 +144,8 @@ fn q_vec(qb: u32, j: u32) -> VecN {
     return qv[j];
 }
 
-// V vector j of chunk cell i (the chunk's first row from vector vb - j, rows rs apart): from the
-// cache, or the fresh cell's.
+// V vector j of chunk cell i: the fresh cell's, or the cache's (vb: vector j of the chunk's
+// first cell; cells rs vectors apart).
 fn v_vec(i: u32, fresh: u32, vb: u32, rs: u32, j: u32) -> VecN {
     if i == fresh {
         return vn[j];

@@ -409,7 +409,7 @@ gpu_test!(
 /// The decode path with a real GPU's attention (split over the cache, q and k normed and roped
 /// and the token's K/V cell written inside it: `Model::split_attention`), which a CPU adapter
 /// does not choose by itself: llama.cpp's greedy ids for one prompt, teacher-forced one token a
-/// pass, the first 20 steps. Native only: it loads a second copy of the model (in Chrome the
+/// pass, the first 20 steps. Native only: in Chrome the tests share one model (there the
 /// synthetic models cover this path).
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
@@ -417,9 +417,10 @@ fn gemma3_split_attention_decode_matches_llama_cpp() {
     const STEPS: usize = 20;
     pollster::block_on(async {
         let t0 = now_s();
-        let ctx = common::context().await;
-        let mut model = Model::new(&ctx, load(&ctx).await).await.unwrap();
-        model.split_attention = Some(true);
+        let Gemma { ctx, mut model, .. } = gemma().await;
+        Arc::get_mut(&mut model)
+            .expect("a model of this test's own")
+            .split_attention = Some(true);
         let fx: Value = serde_json::from_str(GREEDY).unwrap();
         let p = &fx["prompts"]["capital_raw"];
         let prompt = ids(&p["prompt_tokens"]);
@@ -459,8 +460,19 @@ fn gemma3_split_attention_decode_matches_llama_cpp() {
 /// llama.cpp did after `seq_rm` + `seq_add`. Every step is teacher-forced with llama.cpp's ids
 /// through the decode path; its logits match llama.cpp's shifted run (not a fresh evaluation,
 /// which differs by up to 1.25: the kept cells were computed while the dropped ones were visible).
-async fn shift() {
-    let Gemma { ctx, model, tok } = gemma().await;
+/// `split`: the decode plans' attention ([`Model::split_attention`]; natively only, where each
+/// test has a model of its own).
+async fn shift(split: Option<bool>) {
+    let Gemma {
+        ctx,
+        mut model,
+        tok,
+    } = gemma().await;
+    if split.is_some() {
+        Arc::get_mut(&mut model)
+            .expect("a model of this test's own")
+            .split_attention = split;
+    }
     let fx: Value = serde_json::from_str(SHIFT).unwrap();
     let tokens = ids(&fx["tokens"]);
     let (n_keep, n_discard) = (
@@ -568,7 +580,19 @@ async fn shift() {
         tokens.len() as u32 - n_discard + upto as u32 - 1
     );
 }
-gpu_test!(gemma3_automatic_context_shift_matches_llama_cpp, shift());
+gpu_test!(
+    gemma3_automatic_context_shift_matches_llama_cpp,
+    shift(None)
+);
+
+/// The same with a real GPU's decode attention (the split kernel, whose partial ropes and writes
+/// the step's K cell itself) after the shift re-rotated the kept cells. Native only (Chrome's
+/// tests share one model).
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn gemma3_context_shift_with_split_attention_matches_llama_cpp() {
+    pollster::block_on(shift(Some(true)));
+}
 
 /// Greedy steps chained on the GPU (each argmax feeding the next step's embedding, ids read back
 /// in batches) give the ids of step-by-step decoding; a stop in the middle of a chain rewinds
