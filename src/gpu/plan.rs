@@ -224,3 +224,11 @@ impl Step {
             .write_buffer(&self.buffer, 0, bytemuck::cast_slice(&words));
     }
 }
+
+/// The bind group entry of a whole buffer at `binding` (what almost every dispatch binds).
+pub fn buffer_entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: buffer.as_entire_binding(),
+    }
+}

@@ -12,7 +12,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, CachedPipeline, GpuContext, PipelineKey};
+use crate::gpu::{buffer_entry, grid_2d, CachedPipeline, GpuContext, PipelineKey};
 
 pub const SHADER: &str = "argmax.wgsl";
 pub const ENTRY: &str = "argmax";
@@ -189,10 +189,7 @@ impl Argmax {
                 label: Some(&pipe.key.label()),
                 layout: &pipe.layout,
                 entries: &[
-                    wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: params.as_entire_binding(),
-                    },
+                    buffer_entry(0, &params),
                     wgpu::BindGroupEntry {
                         binding: 1,
                         resource: src,

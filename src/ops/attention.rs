@@ -18,7 +18,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey, Recorder};
 
 pub const SHADER: &str = "attention.wgsl";
 pub const ENTRY: &str = "attention";
@@ -550,30 +550,12 @@ pub fn prepare(
         "attention",
         &pipe,
         &[
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: ubuf.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 1,
-                resource: q.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 2,
-                resource: k_cache.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 3,
-                resource: v_cache.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 4,
-                resource: out.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 5,
-                resource: step.as_entire_binding(),
-            },
+            buffer_entry(0, &ubuf),
+            buffer_entry(1, q),
+            buffer_entry(2, k_cache),
+            buffer_entry(3, v_cache),
+            buffer_entry(4, out),
+            buffer_entry(5, step),
         ],
         grid,
     );

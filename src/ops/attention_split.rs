@@ -22,7 +22,7 @@ use super::attention::AttentionParams;
 use super::rope::RopeTable;
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, CachedPipeline, GpuContext, PipelineKey, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, CachedPipeline, GpuContext, PipelineKey, Recorder};
 
 pub const SHADER: &str = "attention_split.wgsl";
 pub const ENTRY_PARTIAL: &str = "partial";
@@ -515,41 +515,17 @@ fn prepare_inner(
     let max_dim = ctx.limits.max_compute_workgroups_per_dimension;
     let ubuf = rec.uniform(&partial.key.label(), &params);
     let mut entries = vec![
-        wgpu::BindGroupEntry {
-            binding: 0,
-            resource: ubuf.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 1,
-            resource: q.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 2,
-            resource: k_cache.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 3,
-            resource: v_cache.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 4,
-            resource: scratch.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 6,
-            resource: step.as_entire_binding(),
-        },
+        buffer_entry(0, &ubuf),
+        buffer_entry(1, q),
+        buffer_entry(2, k_cache),
+        buffer_entry(3, v_cache),
+        buffer_entry(4, scratch),
+        buffer_entry(6, step),
     ];
     if let Some(f) = fresh {
-        entries.push(wgpu::BindGroupEntry {
-            binding: 7,
-            resource: f.rope.buffer.as_entire_binding(),
-        });
+        entries.push(buffer_entry(7, &f.rope.buffer));
         if let Some((w, _)) = f.norm {
-            entries.push(wgpu::BindGroupEntry {
-                binding: 8,
-                resource: w.as_entire_binding(),
-            });
+            entries.push(buffer_entry(8, w));
         }
     }
     rec.push(
@@ -562,22 +538,10 @@ fn prepare_inner(
         "attention",
         &reduce,
         &[
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: ubuf.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 4,
-                resource: scratch.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 5,
-                resource: out.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 6,
-                resource: step.as_entire_binding(),
-            },
+            buffer_entry(0, &ubuf),
+            buffer_entry(4, scratch),
+            buffer_entry(5, out),
+            buffer_entry(6, step),
         ],
         grid_2d(pairs, max_dim)?,
     );

@@ -12,7 +12,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
 
 pub const SHADER: &str = "elementwise.wgsl";
 /// Invocations per workgroup (clamped to the device's limits).
@@ -96,10 +96,7 @@ impl<'a> BindingPlan<'a> {
 
     /// The bind group entries after the uniform: `dst` and the read bindings.
     pub fn entries(&self, out: &'a wgpu::Buffer) -> Vec<wgpu::BindGroupEntry<'a>> {
-        let mut e = vec![wgpu::BindGroupEntry {
-            binding: 1,
-            resource: out.as_entire_binding(),
-        }];
+        let mut e = vec![buffer_entry(1, out)];
         for (i, b) in self.reads.iter().enumerate() {
             e.push(wgpu::BindGroupEntry {
                 binding: 2 + i as u32,
@@ -192,10 +189,7 @@ fn run(
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
-    let mut all = vec![wgpu::BindGroupEntry {
-        binding: 0,
-        resource: ubuf.as_entire_binding(),
-    }];
+    let mut all = vec![buffer_entry(0, &ubuf)];
     all.extend(entries);
     rec.push("elementwise", &pipe, &all, grid);
     Ok(())
@@ -322,10 +316,7 @@ pub fn prepare_scale(rec: &mut Recorder, x: View, s: f32, n_rows: u32, n_cols: u
         scale: s,
         ..Default::default()
     };
-    let entries = vec![wgpu::BindGroupEntry {
-        binding: 1,
-        resource: x.buffer.as_entire_binding(),
-    }];
+    let entries = vec![buffer_entry(1, x.buffer)];
     let wg = rec.ctx.limits.workgroup_size(WORKGROUP_SIZE);
     run(rec, scale_key(wg), params, entries)
 }

@@ -13,7 +13,7 @@ use super::matmul::{units_per_row, TYPES};
 use super::{Variant, WgslParams};
 use crate::error::{Error, ErrorCode, Result};
 use crate::gguf::GgmlType;
-use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
 
 pub const SHADER: &str = "embed.wgsl";
 pub const ENTRY: &str = "embed";
@@ -166,22 +166,10 @@ pub fn prepare(
             "embed",
             &pipe,
             &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: ubuf.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: part.buffer.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: ids.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 3,
-                    resource: out.as_entire_binding(),
-                },
+                buffer_entry(0, &ubuf),
+                buffer_entry(1, &part.buffer),
+                buffer_entry(2, ids),
+                buffer_entry(3, out),
             ],
             grid,
         );

@@ -19,7 +19,7 @@ use super::{Variant, WgslParams};
 use crate::error::{Error, ErrorCode, Result};
 use crate::gguf::GgmlType;
 use crate::gpu::{
-    grid_2d, CachedPipeline, GpuContext, GpuLimits, GpuTensor, PipelineKey, Recorder,
+    buffer_entry, grid_2d, CachedPipeline, GpuContext, GpuLimits, GpuTensor, PipelineKey, Recorder,
 };
 
 pub const SHADER: &str = "gemm.wgsl";
@@ -530,22 +530,10 @@ pub fn prepare_strided(
         };
         let ubuf = rec.uniform(&label, &params);
         let entries = [
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: ubuf.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 1,
-                resource: part.buffer.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 2,
-                resource: x.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 3,
-                resource: y.as_entire_binding(),
-            },
+            buffer_entry(0, &ubuf),
+            buffer_entry(1, &part.buffer),
+            buffer_entry(2, x),
+            buffer_entry(3, y),
         ];
         rec.push("gemm", &pipe, &entries, grid);
     }

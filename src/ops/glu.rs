@@ -10,7 +10,7 @@ use std::mem::offset_of;
 use super::elementwise::{two_input_patterns, BindingPlan, View};
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey, Recorder};
 
 pub const SHADER: &str = "glu.wgsl";
 pub const ENTRY: &str = "glu";
@@ -202,10 +202,7 @@ pub fn prepare_grouped(
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
-    let mut entries = vec![wgpu::BindGroupEntry {
-        binding: 0,
-        resource: ubuf.as_entire_binding(),
-    }];
+    let mut entries = vec![buffer_entry(0, &ubuf)];
     entries.extend(plan.entries(out.buffer));
     rec.push("glu", &pipe, &entries, grid);
     Ok(())

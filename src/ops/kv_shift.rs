@@ -8,7 +8,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::Result;
-use crate::gpu::{grid_2d, GpuContext, PipelineKey};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey};
 
 pub const SHADER: &str = "kv_shift.wgsl";
 pub const ENTRY: &str = "kv_shift";
@@ -95,18 +95,9 @@ pub fn encode(
                 binding: 0,
                 resource: params_buf.as_entire_binding(),
             },
-            wgpu::BindGroupEntry {
-                binding: 1,
-                resource: k_cache.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 2,
-                resource: scratch.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 3,
-                resource: cos_sin.as_entire_binding(),
-            },
+            buffer_entry(1, k_cache),
+            buffer_entry(2, scratch),
+            buffer_entry(3, cos_sin),
         ],
     });
     let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {

@@ -13,7 +13,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::Result;
-use crate::gpu::{grid_2d, GpuContext, PipelineKey, Prepared, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey, Prepared, Recorder};
 
 pub const SHADER: &str = "mask.wgsl";
 pub const ENTRY: &str = "mask_logits";
@@ -89,10 +89,7 @@ pub fn prepare(
         },
     );
     let entries = [
-        wgpu::BindGroupEntry {
-            binding: 0,
-            resource: ubuf.as_entire_binding(),
-        },
+        buffer_entry(0, &ubuf),
         wgpu::BindGroupEntry {
             binding: 1,
             resource: super::argmax::head(mask, mask_words(n_vocab) as u64 * 4),

@@ -29,7 +29,7 @@ use super::glu::Activation;
 use super::{Variant, WgslParams};
 use crate::error::{Error, ErrorCode, Result};
 use crate::gguf::GgmlType;
-use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
 use crate::quant::gpu::gpu_row_bytes;
 
 pub const SHADER: &str = "matmul.wgsl";
@@ -492,8 +492,9 @@ pub fn items_per_row(ty: GgmlType, cols: u64) -> u64 {
     }
 }
 
-/// Whether the adapter is a CPU (lavapipe, SwiftShader through Vulkan). In the browser wgpu's
-/// adapter info is mostly blank, so this is false there and the cooperative shape is used.
+/// Whether the adapter is a CPU (lavapipe, SwiftShader through Vulkan). In the browser wgpu
+/// reports a fallback adapter (Chrome's SwiftShader) as a CPU and every other adapter as another
+/// type (its info is mostly blank there), so a real GPU in the browser gets the GPU shapes.
 pub fn is_cpu_adapter(ctx: &GpuContext) -> bool {
     ctx.adapter.device_type == "Cpu"
 }
@@ -1412,28 +1413,13 @@ fn prepare_full(
         ss_offset += row_groups; // one sum of squares a workgroup (Y_RESNORM)
         let ubuf = rec.uniform(&label, &params);
         let mut entries = vec![
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: ubuf.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 1,
-                resource: part.buffer.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 2,
-                resource: io.x.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 3,
-                resource: io.y.as_entire_binding(),
-            },
+            buffer_entry(0, &ubuf),
+            buffer_entry(1, &part.buffer),
+            buffer_entry(2, io.x),
+            buffer_entry(3, io.y),
         ];
         if let Some((up, _, _)) = glu {
-            entries.push(wgpu::BindGroupEntry {
-                binding: 4,
-                resource: up.as_entire_binding(),
-            });
+            entries.push(buffer_entry(4, up));
         }
         if let Some(pre) = pre {
             let mut extra: Vec<(u32, &wgpu::Buffer)> = vec![(6, &pre.w.parts[0].buffer)];

@@ -18,7 +18,7 @@ use super::matmul::{self, MatmulConfig};
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
 use crate::gguf::GgmlType;
-use crate::gpu::{grid_2d, read_buffer, GpuContext, PipelineKey};
+use crate::gpu::{buffer_entry, grid_2d, read_buffer, GpuContext, PipelineKey};
 use crate::quant::gpu::{synthetic_rows, upload_tensor};
 
 pub const SHADER: &str = "bench_copy.wgsl";
@@ -330,18 +330,9 @@ pub async fn bench_copy(
             label: Some(entry),
             layout: &pipe.layout,
             entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: ubuf.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: src.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: dst.as_entire_binding(),
-                },
+                buffer_entry(0, &ubuf),
+                buffer_entry(1, &src),
+                buffer_entry(2, &dst),
             ],
         });
         let grid = grid_2d(
@@ -389,18 +380,9 @@ pub async fn dispatch_floor_us(ctx: &GpuContext, n: u32) -> Result<Option<(f64, 
             label: Some("floor"),
             layout: &pipe.layout,
             entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: ubuf.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: src.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: dst.as_entire_binding(),
-                },
+                buffer_entry(0, &ubuf),
+                buffer_entry(1, &src),
+                buffer_entry(2, dst),
             ],
         })
     };

@@ -9,7 +9,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::Result;
-use crate::gpu::{grid_2d, CachedPipeline, GpuContext, PipelineKey};
+use crate::gpu::{buffer_entry, grid_2d, CachedPipeline, GpuContext, PipelineKey};
 
 pub const SHADER: &str = "penalty.wgsl";
 pub const ENTRY: &str = "penalty";
@@ -157,14 +157,8 @@ impl Penalties {
             label: Some(&pipe.key.label()),
             layout: &pipe.layout,
             entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: params.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: pairs.as_entire_binding(),
-                },
+                buffer_entry(0, params),
+                buffer_entry(1, pairs),
                 wgpu::BindGroupEntry {
                     binding: 2,
                     resource: super::argmax::head(logits, n_vocab as u64 * 4),

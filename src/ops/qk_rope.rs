@@ -11,7 +11,7 @@ use std::mem::offset_of;
 use super::rope::RopeTable;
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey, Recorder};
 
 pub const SHADER: &str = "qk_rope.wgsl";
 pub const ENTRY: &str = "qk_rope";
@@ -300,46 +300,19 @@ fn prepare_inner(
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
     let mut entries = vec![
-        wgpu::BindGroupEntry {
-            binding: 0,
-            resource: ubuf.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 1,
-            resource: b.q.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 2,
-            resource: table.buffer.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 3,
-            resource: b.k.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 5,
-            resource: b.k_cache.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 6,
-            resource: b.v_cache.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 7,
-            resource: step.as_entire_binding(),
-        },
+        buffer_entry(0, &ubuf),
+        buffer_entry(1, b.q),
+        buffer_entry(2, &table.buffer),
+        buffer_entry(3, b.k),
+        buffer_entry(5, b.k_cache),
+        buffer_entry(6, b.v_cache),
+        buffer_entry(7, step),
     ];
     if src_stride.is_none() {
-        entries.push(wgpu::BindGroupEntry {
-            binding: 4,
-            resource: b.v.as_entire_binding(),
-        });
+        entries.push(buffer_entry(4, b.v));
     }
     if let Some((w, _)) = norm {
-        entries.push(wgpu::BindGroupEntry {
-            binding: 8,
-            resource: w.as_entire_binding(),
-        });
+        entries.push(buffer_entry(8, w));
     }
     rec.push("qk_rope", &pipe, &entries, grid);
     Ok(())

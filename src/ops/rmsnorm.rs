@@ -10,7 +10,7 @@ use std::mem::offset_of;
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
 use crate::gguf::GgmlType;
-use crate::gpu::{grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, GpuTensor, PipelineKey, Recorder};
 
 pub const SHADER: &str = "rmsnorm.wgsl";
 pub const ENTRY: &str = "rmsnorm";
@@ -313,27 +313,12 @@ pub fn prepare_residual(
     };
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
-    let mut entries = vec![
-        wgpu::BindGroupEntry {
-            binding: 0,
-            resource: ubuf.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 1,
-            resource: x.as_entire_binding(),
-        },
-    ];
+    let mut entries = vec![buffer_entry(0, &ubuf), buffer_entry(1, x)];
     if !v.out_is_x {
-        entries.push(wgpu::BindGroupEntry {
-            binding: 2,
-            resource: out.as_entire_binding(),
-        });
+        entries.push(buffer_entry(2, out));
     }
     if let Some(a) = add {
-        entries.push(wgpu::BindGroupEntry {
-            binding: 3,
-            resource: a.buffer.as_entire_binding(),
-        });
+        entries.push(buffer_entry(3, a.buffer));
         if let Some(n) = a.norm {
             entries.push(wgpu::BindGroupEntry {
                 binding: 5,

@@ -18,7 +18,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey, Recorder};
 use crate::rope::RopeConfig;
 
 pub const SHADER: &str = "rope.wgsl";
@@ -146,10 +146,7 @@ fn dispatch(
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, params);
-    let mut entries = vec![wgpu::BindGroupEntry {
-        binding: 0,
-        resource: ubuf.as_entire_binding(),
-    }];
+    let mut entries = vec![buffer_entry(0, &ubuf)];
     entries.extend(buffers.iter().map(|(b, buf)| wgpu::BindGroupEntry {
         binding: *b,
         resource: buf.as_entire_binding(),

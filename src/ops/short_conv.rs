@@ -8,7 +8,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey, Recorder};
 
 pub const SHADER: &str = "short_conv.wgsl";
 pub const ENTRY: &str = "short_conv";
@@ -117,30 +117,12 @@ pub fn prepare(
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
     let entries = [
-        wgpu::BindGroupEntry {
-            binding: 0,
-            resource: ubuf.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 1,
-            resource: b.bcx.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 2,
-            resource: b.weight.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 3,
-            resource: b.rows.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 4,
-            resource: b.out.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 5,
-            resource: step.as_entire_binding(),
-        },
+        buffer_entry(0, &ubuf),
+        buffer_entry(1, b.bcx),
+        buffer_entry(2, b.weight),
+        buffer_entry(3, b.rows),
+        buffer_entry(4, b.out),
+        buffer_entry(5, step),
     ];
     rec.push("short_conv", &pipe, &entries, grid);
     Ok(())

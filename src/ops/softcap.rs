@@ -5,7 +5,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey, Recorder};
 
 pub const SHADER: &str = "softcap.wgsl";
 pub const ENTRY: &str = "softcap";
@@ -73,16 +73,7 @@ pub fn prepare(
     let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
-    let entries = [
-        wgpu::BindGroupEntry {
-            binding: 0,
-            resource: ubuf.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 1,
-            resource: x.as_entire_binding(),
-        },
-    ];
+    let entries = [buffer_entry(0, &ubuf), buffer_entry(1, x)];
     rec.push("softcap", &pipe, &entries, grid);
     Ok(())
 }

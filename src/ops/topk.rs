@@ -17,7 +17,7 @@ use std::mem::offset_of;
 use super::argmax::{check_logits, head, plan_stages, reduction_workgroup_size, Stage};
 use super::{Variant, WgslParams};
 use crate::error::Result;
-use crate::gpu::{grid_2d, GpuContext, PipelineKey};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey};
 
 pub const SHADER: &str = "topk.wgsl";
 pub const ENTRY: &str = "topk";
@@ -180,10 +180,7 @@ impl TopK {
                 )
             };
             let mut entries = vec![
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: params.as_entire_binding(),
-                },
+                buffer_entry(0, &params),
                 wgpu::BindGroupEntry {
                     binding: 3,
                     resource: dst,
