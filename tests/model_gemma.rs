@@ -276,6 +276,16 @@ fn teacher_row(p: &Value, pos: usize) -> RefRow {
     }
 }
 
+/// Step `k` of a greedy fixture prompt (top-5 ids and logits, no lse).
+fn greedy_row(p: &Value, k: usize) -> RefRow {
+    RefRow {
+        ids: ids(&p["top5_ids"][k]),
+        logits: floats(&p["top5_logits"][k]),
+        margin: p["margin"][k].as_f64().unwrap(),
+        lse: None,
+    }
+}
+
 /// Positions scored per forward pass (whole logit rows are read back: 32 MiB per pass).
 const SCORE_BATCH: u32 = 32;
 
@@ -371,12 +381,7 @@ async fn greedy_teacher_forced() {
         assert_eq!(ours.len(), want.len());
         let mut agree = Agreement::default();
         for (k, row) in ours.iter().enumerate() {
-            let r = RefRow {
-                ids: ids(&p["top5_ids"][k]),
-                logits: floats(&p["top5_logits"][k]),
-                margin: margins[k],
-                lse: None,
-            };
+            let r = greedy_row(p, k);
             assert_eq!(
                 r.ids[0], want[k],
                 "fixture: step {k}'s top id is its greedy id"
@@ -434,12 +439,7 @@ fn gemma3_split_attention_decode_matches_llama_cpp() {
         assert_eq!(ours.len(), STEPS);
         let mut agree = Agreement::default();
         for (k, row) in ours.iter().enumerate() {
-            let r = RefRow {
-                ids: ids(&p["top5_ids"][k]),
-                logits: floats(&p["top5_logits"][k]),
-                margin: margins[k],
-                lse: None,
-            };
+            let r = greedy_row(p, k);
             agree.add(&format!("split step {k}"), &row.top, None, &r);
         }
         tlog!(
@@ -515,12 +515,7 @@ async fn shift(split: Option<bool>) {
         );
         assert_eq!(session.n_past(), tokens.len() as u32 - n_discard + k as u32);
         let logits = session.logits().await.unwrap();
-        let r = RefRow {
-            ids: ids(&ls["top5_ids"][k]),
-            logits: floats(&ls["top5_logits"][k]),
-            margin: margins[k],
-            lse: None,
-        };
+        let r = greedy_row(ls, k);
         let top = top_k(&logits);
         assert_eq!(top[0].0, next, "the greedy sampler picks the argmax");
         agree.add(&format!("after the shift, step {k}"), &top, None, &r);

@@ -156,8 +156,9 @@ impl SplitConfig {
                 self.chunk
             ));
         }
-        let nv = head_dim / if vec4 { 4 } else { 2 };
-        let nv = if fresh { head_dim / 2 } else { nv };
+        // Threads a head needs: one per loaded vector, or in the fused variant one per rope pair
+        // (head_dim / 2, whatever the vector width of the loads).
+        let nv = head_dim / if vec4 && !fresh { 4 } else { 2 };
         let pow2_floor = |n: u32| 1u32 << (31 - n.max(1).leading_zeros());
         let cap = pow2_floor(ctx.limits.workgroup_size(u32::MAX));
         let wg = pow2_floor(self.workgroup_size.max(1))
