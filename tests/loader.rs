@@ -9,6 +9,7 @@ use cera_web::gpu::readback::read_buffer;
 use cera_web::gpu::{GpuContext, GpuTensor};
 use cera_web::loader::StreamLoader;
 use cera_web::quant::gpu::repack_rows;
+use cera_web::quant::legacy::widen_to_q8_0;
 use cera_web::ErrorCode;
 use common::Rng;
 
@@ -29,8 +30,10 @@ const TENSORS: &[(&str, GgmlType, u64, u64)] = &[
     ("a.q4_k", GgmlType::Q4K, 256, 6),
     ("a.q5_k", GgmlType::Q5K, 512, 3),
     ("a.q6_k", GgmlType::Q6K, 256, 5),
-    // Projections the loader fuses: q and k (one type) into one tensor, v (another type) alone;
-    // gate and up; a layer without k, whose q and v are not neighbours and stay apart.
+    // Projections the loader fuses: q and k (Q8_0) with v (Q4_0, widened to Q8_0: its values
+    // unchanged, 5 of 21 rows); gate and up (one type); a layer without k, whose q and v are not
+    // neighbours and stay apart; a layer whose widening would add more than half its bytes (q
+    // and k fuse as Q5_0, v alone); a layer whose types do not widen (Q4_1 beside Q8_0: apart).
     ("blk.0.attn_q.weight", GgmlType::Q8_0, 64, 11),
     ("blk.0.attn_k.weight", GgmlType::Q8_0, 64, 5),
     ("blk.0.attn_v.weight", GgmlType::Q4_0, 64, 5),
@@ -38,17 +41,36 @@ const TENSORS: &[(&str, GgmlType, u64, u64)] = &[
     ("blk.0.ffn_up.weight", GgmlType::Q4K, 256, 4),
     ("blk.1.attn_q.weight", GgmlType::F16, 33, 3),
     ("blk.1.attn_v.weight", GgmlType::F16, 33, 2),
+    ("blk.2.attn_q.weight", GgmlType::Q5_0, 64, 20),
+    ("blk.2.attn_k.weight", GgmlType::Q5_0, 64, 20),
+    ("blk.2.attn_v.weight", GgmlType::Q8_0, 64, 2),
+    ("blk.3.attn_q.weight", GgmlType::Q4_1, 32, 3),
+    ("blk.3.attn_k.weight", GgmlType::Q8_0, 32, 3),
 ];
 
-/// What the loader fuses from `TENSORS`: `(fused tensor, [(member, first row)])`.
-const FUSED: &[(&str, &[(&str, u64)])] = &[
+/// A fused tensor: its name, its type, and `(member, first row)` of each member.
+type Fused = (&'static str, GgmlType, &'static [(&'static str, u64)]);
+
+/// What the loader fuses from `TENSORS`.
+const FUSED: &[Fused] = &[
     (
-        "blk.0.attn_q.weight+blk.0.attn_k.weight",
-        &[("blk.0.attn_q.weight", 0), ("blk.0.attn_k.weight", 11)],
+        "blk.0.attn_q.weight+blk.0.attn_k.weight+blk.0.attn_v.weight",
+        GgmlType::Q8_0,
+        &[
+            ("blk.0.attn_q.weight", 0),
+            ("blk.0.attn_k.weight", 11),
+            ("blk.0.attn_v.weight", 16),
+        ],
     ),
     (
         "blk.0.ffn_gate.weight+blk.0.ffn_up.weight",
+        GgmlType::Q4K,
         &[("blk.0.ffn_gate.weight", 0), ("blk.0.ffn_up.weight", 3)],
+    ),
+    (
+        "blk.2.attn_q.weight+blk.2.attn_k.weight",
+        GgmlType::Q5_0,
+        &[("blk.2.attn_q.weight", 0), ("blk.2.attn_k.weight", 20)],
     ),
 ];
 
@@ -132,12 +154,12 @@ async fn load_and_check(chunk: usize, staging: usize, max_binding: Option<u64>, 
     for (&(name, ty, cols, rows), data) in TENSORS.iter().zip(&datas) {
         assert!(model.has(name), "{name} missing");
         let (t, first) = model.rows_of(name).unwrap();
-        assert_eq!((t.ty, t.cols), (ty, cols), "{name}");
         let fused = FUSED
             .iter()
-            .find(|(_, m)| m.iter().any(|&(n, _)| n == name));
-        match (fuse, fused) {
-            (true, Some((f, members))) => {
+            .find(|(_, _, m)| m.iter().any(|&(n, _)| n == name));
+        // The type the GPU stores the rows in: the fused tensor's where the member is fused.
+        let stored = match (fuse, fused) {
+            (true, Some((f, fty, members))) => {
                 assert_eq!(t.name, *f, "{name} fused into");
                 assert_eq!(
                     first,
@@ -145,15 +167,27 @@ async fn load_and_check(chunk: usize, staging: usize, max_binding: Option<u64>, 
                     "{name}: first row"
                 );
                 assert!(model.tensor(name).is_err(), "{name} also stands alone");
+                *fty
             }
-            _ => assert_eq!(
-                (t.name.as_str(), first, t.rows),
-                (name, 0, rows),
-                "{name} stands alone"
-            ),
-        }
+            _ => {
+                assert_eq!(
+                    (t.name.as_str(), first, t.rows),
+                    (name, 0, rows),
+                    "{name} stands alone"
+                );
+                ty
+            }
+        };
+        assert_eq!((t.ty, t.cols), (stored, cols), "{name}");
         let mut want = Vec::new();
-        repack_rows(ty, cols, data, &mut want).unwrap();
+        if stored == ty {
+            repack_rows(ty, cols, data, &mut want).unwrap();
+        } else {
+            // Widened: the same values as Q8_0 blocks (quant::tests checks the values).
+            let mut q8 = Vec::new();
+            widen_to_q8_0(ty, data, &mut q8).unwrap();
+            repack_rows(stored, cols, &q8, &mut want).unwrap();
+        }
         assert_eq!(
             read_rows(&ctx, t, first, rows).await,
             want,
@@ -163,9 +197,9 @@ async fn load_and_check(chunk: usize, staging: usize, max_binding: Option<u64>, 
     if fuse {
         assert_eq!(
             model.fused.len(),
-            FUSED.iter().map(|f| f.1.len()).sum::<usize>()
+            FUSED.iter().map(|f| f.2.len()).sum::<usize>()
         );
-        for (f, members) in FUSED {
+        for (f, _, members) in FUSED {
             let rows: u64 = members
                 .iter()
                 .map(|&(n, _)| TENSORS.iter().find(|t| t.0 == n).unwrap().3)

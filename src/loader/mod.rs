@@ -20,9 +20,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::error::{Error, ErrorCode, Result};
-use crate::gguf::{Event, GgufError, GgufHeader, GgufParser, TensorInfo};
+use crate::gguf::{Event, GgmlType, GgufError, GgufHeader, GgufParser, TensorInfo};
 use crate::gpu::{GpuContext, GpuTensor, TensorPart};
 use crate::quant::gpu::repack_rows;
+use crate::quant::legacy::widen_to_q8_0;
 
 /// Where a load is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -120,6 +121,8 @@ pub struct StreamLoader<'a> {
     fuse: bool,
     current: Option<Current>,
     repacked: Vec<u8>,
+    /// A widened member's rows before their repack (see `flush`).
+    widened: Vec<u8>,
     loaded_bytes: u64,
     tensors_loaded: usize,
     since_submit: u64,
@@ -152,6 +155,7 @@ impl<'a> StreamLoader<'a> {
             fuse: true,
             current: None,
             repacked: Vec::new(),
+            widened: Vec::new(),
             loaded_bytes: 0,
             tensors_loaded: 0,
             since_submit: 0,
@@ -431,13 +435,23 @@ impl<'a> StreamLoader<'a> {
                 .locate(base + row)
                 .ok_or_else(|| Error::internal("row outside the tensor"))?;
             let n = ((part.rows - local) as usize).min(whole - done);
+            let rows = &cur.pending[done * src_row..(done + n) * src_row];
             self.repacked.clear();
-            repack_rows(
-                info.ty,
-                info.dims[0],
-                &cur.pending[done * src_row..(done + n) * src_row],
-                &mut self.repacked,
-            )?;
+            if tensor.ty == info.ty {
+                repack_rows(info.ty, info.dims[0], rows, &mut self.repacked)?;
+            } else {
+                // A member of a fused tensor stored wider (Q5_0 rows in a Q8_0 tensor: the
+                // memory plan's `fusion_runs`), the same values in the fused tensor's type.
+                self.widened.clear();
+                widen_to_q8_0(info.ty, rows, &mut self.widened)?;
+                debug_assert_eq!(tensor.ty, GgmlType::Q8_0, "members widen to q8_0 alone");
+                repack_rows(
+                    GgmlType::Q8_0,
+                    info.dims[0],
+                    &self.widened,
+                    &mut self.repacked,
+                )?;
+            }
             self.ctx
                 .queue
                 .write_buffer(&part.buffer, local * tensor.row_bytes, &self.repacked);

@@ -6,6 +6,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::gguf::{GgmlType, GgufHeader};
 use crate::gpu::tensor::plan_parts;
 use crate::quant::gpu::gpu_row_bytes;
+use crate::quant::legacy::widens_to_q8_0;
 
 #[derive(Clone, Debug, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -92,7 +93,7 @@ pub fn plan_with(header: &GgufHeader, max_binding: u64, fuse: bool) -> Result<Me
     }
     if fuse {
         let fused = fusion_runs(&p.tensors);
-        for members in fused {
+        for (members, ty) in fused {
             let idx: Vec<usize> = members
                 .iter()
                 .map(|m| {
@@ -106,11 +107,11 @@ pub fn plan_with(header: &GgufHeader, max_binding: u64, fuse: bool) -> Result<Me
             let name = fused_name(&members);
             let mut t = PlannedTensor {
                 name: name.clone(),
-                ty: first.ty,
+                ty,
                 cols: first.cols,
                 rows: 0,
                 file_bytes: 0,
-                row_bytes: first.row_bytes,
+                row_bytes: gpu_row_bytes(ty, first.cols),
                 parts: Vec::new(),
                 fused_into: None,
                 members,
@@ -143,11 +144,14 @@ pub fn plan_with(header: &GgufHeader, max_binding: u64, fuse: bool) -> Result<Me
     Ok(p)
 }
 
-/// The member lists to fuse: per layer and group of [`FUSE_GROUPS`], each run of two or more
-/// consecutive present members with one type and width (Gemma 3 270M Q4_K_M: q and k are Q5_0,
-/// v is Q8_0, so q and k fuse and v stays alone).
-fn fusion_runs(tensors: &[PlannedTensor]) -> Vec<Vec<String>> {
+/// The member lists to fuse and the type each fused tensor is stored in: per layer and group of
+/// [`FUSE_GROUPS`], a run of two or more consecutive present members of one width, either of one
+/// type, or of types that widen to Q8_0 without changing a value (Q4_0, Q5_0 beside a Q8_0
+/// member: Gemma 3 270M Q4_K_M's q and k are Q5_0 and v Q8_0, one GEMV instead of two) where
+/// the widening adds at most half the run's bytes. Otherwise the runs of one type fuse.
+fn fusion_runs(tensors: &[PlannedTensor]) -> Vec<(Vec<String>, GgmlType)> {
     let find = |name: &str| tensors.iter().find(|t| t.name == name);
+    let names = |run: &[&PlannedTensor]| run.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
     let mut out = Vec::new();
     for t in tensors {
         for group in FUSE_GROUPS {
@@ -157,26 +161,49 @@ fn fusion_runs(tensors: &[PlannedTensor]) -> Vec<Vec<String>> {
             if !prefix.starts_with("blk.") {
                 continue;
             }
-            let mut run: Vec<&PlannedTensor> = Vec::new();
+            // Runs of present members of one width (any types).
+            let mut wide: Vec<Vec<&PlannedTensor>> = vec![Vec::new()];
             for m in group.iter().map(|m| find(&format!("{prefix}{m}"))) {
-                match (m, run.last()) {
-                    (Some(m), Some(last))
-                        if m.ty == last.ty && m.cols == last.cols && m.row_bytes > 0 =>
-                    {
+                let run = wide.last_mut().expect("never empty");
+                match m {
+                    Some(m) if m.row_bytes > 0 && run.last().is_none_or(|l| l.cols == m.cols) => {
                         run.push(m)
                     }
-                    (m, _) => {
-                        if run.len() > 1 {
-                            out.push(run.iter().map(|t| t.name.clone()).collect());
-                        }
-                        run = m.into_iter().collect();
-                    }
+                    m => wide.push(m.filter(|m| m.row_bytes > 0).into_iter().collect()),
                 }
             }
-            if run.len() > 1 {
-                out.push(run.iter().map(|t| t.name.clone()).collect());
+            for run in wide.iter().filter(|r| r.len() > 1) {
+                if let Some(ty) = widened_type(run) {
+                    out.push((names(run), ty));
+                    continue;
+                }
+                // Sub-runs of one type.
+                for same in run.chunk_by(|a, b| a.ty == b.ty).filter(|r| r.len() > 1) {
+                    out.push((names(same), same[0].ty));
+                }
             }
         }
     }
     out
+}
+
+/// The one type a run of members of one width is stored in, if there is one: theirs when they
+/// share it, else Q8_0 when every member widens to it losslessly, one is Q8_0 already, and the
+/// widening adds at most half the run's file bytes.
+fn widened_type(run: &[&PlannedTensor]) -> Option<GgmlType> {
+    let ty = run[0].ty;
+    if run.iter().all(|m| m.ty == ty) {
+        return Some(ty);
+    }
+    let q8 = GgmlType::Q8_0;
+    if !run.iter().all(|m| widens_to_q8_0(m.ty)) || !run.iter().any(|m| m.ty == q8) {
+        return None;
+    }
+    let file: u64 = run.iter().map(|m| m.file_bytes).sum();
+    let q8_bytes = |m: &PlannedTensor| m.rows * q8.row_bytes(m.cols).unwrap_or(u64::MAX / 4);
+    let added: u64 = run
+        .iter()
+        .map(|m| q8_bytes(m).saturating_sub(m.file_bytes))
+        .sum();
+    (2 * added <= file).then_some(q8)
 }

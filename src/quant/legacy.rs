@@ -150,3 +150,58 @@ impl QuantBlock for BlockQ8_0 {
         }
     }
 }
+
+/// Whether `ty`'s blocks convert to Q8_0 blocks with the same values: Q4_0 and Q5_0 hold
+/// `d * (q - offset)` with the quant in -16..16, which an i8 holds under the same f16 `d`
+/// (Q8_0 itself trivially). The `_1` types add an offset `m`, which Q8_0 has no field for.
+pub fn widens_to_q8_0(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0)
+}
+
+/// Rewrite whole blocks of `ty` (`src`, GGUF bytes; [`widens_to_q8_0`]) as Q8_0 blocks with
+/// exactly the same values, appended to `dst`: the loader stores a fused projection whose
+/// members mix Q4_0 / Q5_0 with Q8_0 (Gemma 3 270M Q4_K_M: q and k Q5_0, v Q8_0) as one Q8_0
+/// tensor, so one GEMV computes all of them. 22 or 18 bytes a block become 34.
+pub fn widen_to_q8_0(ty: GgmlType, src: &[u8], dst: &mut Vec<u8>) -> crate::error::Result<()> {
+    let bytes = ty.block_bytes() as usize;
+    if !widens_to_q8_0(ty) {
+        return Err(crate::error::Error::invalid(format!(
+            "{ty} blocks do not widen to q8_0 (only q4_0, q5_0 and q8_0 do)"
+        )));
+    }
+    if !src.len().is_multiple_of(bytes) {
+        return Err(crate::error::Error::invalid(format!(
+            "{} bytes of {ty} data is not a whole number of {bytes}-byte blocks",
+            src.len()
+        )));
+    }
+    dst.reserve(src.len() / bytes * size_of::<BlockQ8_0>());
+    for b in src.chunks_exact(bytes) {
+        let mut out = BlockQ8_0 {
+            d: u16::from_le_bytes([b[0], b[1]]),
+            qs: [0; QK],
+        };
+        match ty {
+            GgmlType::Q8_0 => out = *bytemuck::from_bytes::<BlockQ8_0>(b),
+            GgmlType::Q4_0 => {
+                let blk: &BlockQ4_0 = bytemuck::from_bytes(b);
+                for (j, &byte) in blk.qs.iter().enumerate() {
+                    let (lo, hi) = nibbles(byte);
+                    out.qs[j] = lo as i8 - 8;
+                    out.qs[j + QK / 2] = hi as i8 - 8;
+                }
+            }
+            _ => {
+                let blk: &BlockQ5_0 = bytemuck::from_bytes(b);
+                for (j, &byte) in blk.qs.iter().enumerate() {
+                    let (lo, hi) = nibbles(byte);
+                    let (hlo, hhi) = high_bits(blk.qh, j);
+                    out.qs[j] = (lo | hlo) as i8 - 16;
+                    out.qs[j + QK / 2] = (hi | hhi) as i8 - 16;
+                }
+            }
+        }
+        dst.extend_from_slice(bytemuck::bytes_of(&out));
+    }
+    Ok(())
+}

@@ -239,4 +239,48 @@ wasm_or_native_test! {
         let err = dequantize_row(GgmlType::Q8_0, &tensor, 32, 0, &mut [0.0; 16]).unwrap_err();
         assert_eq!(err, QuantError::OutputLength { ty: GgmlType::Q8_0, expected: 32, got: 16 });
     }
+
+    fn widened_q4_0_and_q5_0_blocks_keep_every_value() {
+        // Every quant of Q4_0 (0..16) and Q5_0 (0..32) in some block, several scales, and bytes
+        // that are no block at all (Q8_0 passes through as it is).
+        let blocks = |ty: GgmlType, seed: u32| -> Vec<u8> {
+            let bytes = ty.block_bytes() as usize;
+            let mut out = Vec::new();
+            for (k, d) in [1.0f32, -0.375, 65504.0, 1.5e-5].iter().enumerate() {
+                let mut b: Vec<u8> = (0..bytes)
+                    .map(|i| ((i as u32 * 37 + k as u32 * 11 + seed) % 251) as u8)
+                    .collect();
+                b[..2].copy_from_slice(&f16(*d).to_le_bytes());
+                out.extend(b);
+            }
+            out
+        };
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+            for seed in [0, 5, 200] {
+                let src = blocks(ty, seed);
+                let mut q8 = vec![9u8; 3]; // appended after what dst holds
+                legacy::widen_to_q8_0(ty, &src, &mut q8).unwrap();
+                assert_eq!(q8.len(), 3 + src.len() / ty.block_bytes() as usize * 34, "{ty}");
+                let want = dequantize_to_vec(ty, &src).unwrap();
+                let got = dequantize_to_vec(GgmlType::Q8_0, &q8[3..]).unwrap();
+                assert_eq!(got, want, "{ty}: widened values differ");
+            }
+        }
+        // Every 5-bit quant: qh all ones and all zeros over qs 0..=255.
+        for qh in [[0u8; 4], [0xFF; 4]] {
+            let qs: [u8; 16] = std::array::from_fn(|j| (j * 17) as u8);
+            let b = BlockQ5_0 { d: f16(1.0), qh, qs };
+            let mut q8 = Vec::new();
+            legacy::widen_to_q8_0(GgmlType::Q5_0, bytes_of(&b), &mut q8).unwrap();
+            assert_eq!(dequantize_to_vec(GgmlType::Q8_0, &q8).unwrap(), dq(&b));
+        }
+        // Types that do not widen, and partial blocks, are refused with nothing written.
+        let mut out = Vec::new();
+        let e = legacy::widen_to_q8_0(GgmlType::Q4_1, &[0; 20], &mut out).unwrap_err();
+        assert!(e.to_string().contains("q4_1 blocks do not widen"), "{e}");
+        let e = legacy::widen_to_q8_0(GgmlType::Q5_0, &[0; 23], &mut out).unwrap_err();
+        assert!(e.to_string().contains("22-byte blocks"), "{e}");
+        assert!(out.is_empty());
+        assert!(!legacy::widens_to_q8_0(GgmlType::Q4K));
+    }
 }
