@@ -14,7 +14,7 @@ mod common;
 use cera_web::gpu::readback::read_f32;
 use cera_web::gpu::{GpuContext, Recorder, Step};
 use cera_web::ops::attention::{self, AttentionConfig, AttentionParams};
-use cera_web::ops::attention_split::{self, Fresh, SplitConfig};
+use cera_web::ops::attention_split::{self, Fresh, SplitConfig, DEEP_CELLS};
 use cera_web::ops::{qk_rope, rope::RopeTable};
 use cera_web::rope::{RopeConfig, RopeType};
 use common::Rng;
@@ -32,7 +32,7 @@ const POISON: f32 = 1e3;
 
 const SHAPES: [SplitConfig; 4] = [
     SplitConfig::new(256, 16, 16), // the engine's default (SplitConfig::for_device)
-    SplitConfig::new(128, 32, 16),
+    SplitConfig::new(512, 32, 16), // its default past DEEP_CELLS (fitted to the device's limits)
     SplitConfig::new(256, 64, 8),
     SplitConfig::new(64, 4, 1),
 ];
@@ -407,6 +407,16 @@ fn more_than_65535_workgroups() {
         .await;
     });
 }
+
+// Plans over more than DEEP_CELLS cells take the deep shape, the others the default one (both
+// in SHAPES, so every kernel test runs them).
+gpu_test!(plans_past_deep_cells_take_the_deep_shape, async {
+    let ctx = context().await;
+    assert_eq!(SplitConfig::for_cells(&ctx, 16), SHAPES[0]);
+    assert_eq!(SplitConfig::for_cells(&ctx, DEEP_CELLS), SHAPES[0]);
+    assert_eq!(SplitConfig::for_cells(&ctx, DEEP_CELLS + 1), SHAPES[1]);
+    assert_eq!(SplitConfig::for_device(&ctx), SHAPES[0]);
+});
 
 /// Bad shapes get clear errors before anything is encoded.
 async fn bad_arguments() {

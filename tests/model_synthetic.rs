@@ -9,6 +9,7 @@ use cera_web::generate::score::score_logits;
 use cera_web::gpu::readback::read_f32;
 use cera_web::loader::StreamLoader;
 use cera_web::model::{LogitRows, Model};
+use cera_web::ops::attention_split::DEEP_CELLS;
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
@@ -185,6 +186,63 @@ async fn check(name: &str) {
         compare(name, how, m, &ours, &want, n_vocab, 0);
     }
 }
+
+/// The decode attention's deep shape (`SplitConfig::for_cells`: plans over more than
+/// `DEEP_CELLS` cells): a prefill past `DEEP_CELLS` cells, then decode steps through the split
+/// kernel (which a CPU adapter does not choose by itself) against the one-workgroup-per-head
+/// kernel over the same cache contents. llama.cpp's fixture rows are 24 tokens, so the reference
+/// is the kernel those rows check.
+async fn deep_split(name: &str) {
+    let manifest: serde_json::Value = serde_json::from_str(MANIFEST).unwrap();
+    let m = &manifest["models"][name];
+    let ctx = common::context().await;
+    let bytes = fixture(m["model"].as_str().unwrap()).await;
+    let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
+    loader.push(&bytes).unwrap();
+    let mut model = Model::new(&ctx, loader.finish().unwrap()).await.unwrap();
+    let n_vocab = model.hp.n_vocab;
+    let n = DEEP_CELLS + 37;
+    let tokens: Vec<u32> = (0..n).map(|i| (i * 7919 + 13) % n_vocab).collect();
+    let (prefill, steps) = tokens.split_at(n as usize - 5);
+    let mut rows = Vec::new();
+    for split in [false, true] {
+        model.split_attention = Some(split);
+        let mut kv = model.new_kv_cache(&ctx, n).unwrap();
+        let ws = model.workspace(&ctx, 512, 1).unwrap();
+        let mut pos = 0u32;
+        let mut got = Vec::new();
+        for chunk in prefill.chunks(512).chain(steps.chunks(1)) {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            model
+                .encode(&ctx, &mut enc, &ws, &kv, chunk, pos, LogitRows::Last)
+                .unwrap();
+            ctx.submit([enc.finish()]);
+            kv.advance(chunk.len() as u32).unwrap();
+            pos += chunk.len() as u32;
+            if pos > prefill.len() as u32 {
+                got.extend(
+                    read_f32(&ctx, &ws.logits, 0, n_vocab as usize)
+                        .await
+                        .unwrap(),
+                );
+            }
+        }
+        rows.push(got);
+    }
+    assert_eq!(rows[1].len(), steps.len() * n_vocab as usize);
+    compare(
+        name,
+        "decode past DEEP_CELLS, split attention",
+        m,
+        &rows[1],
+        &rows[0],
+        n_vocab as usize,
+        0,
+    );
+}
+
+gpu_test!(llama_f32_deep_split_attention, deep_split("llama-F32"));
+gpu_test!(gemma3_f32_deep_split_attention, deep_split("gemma3-F32"));
 
 macro_rules! synthetic {
     ($($test:ident => $name:literal),* $(,)?) => {

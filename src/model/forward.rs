@@ -97,7 +97,7 @@ pub struct Model {
     /// Decode plans' attention: the split (flash-decoding) kernel, which also takes q, k and v
     /// from the projections itself where it fits (`Some(true)`), the one-workgroup-per-head
     /// kernel after `qk_rope` (`Some(false)`), or by adapter (`None`: split on GPUs, not on CPU
-    /// adapters; [`kernels::attention_scratch`]). Tests set it to run the GPU path on a CPU.
+    /// adapters; [`kernels::split_attention`]). Tests set it to run the GPU path on a CPU.
     pub split_attention: Option<bool>,
 }
 
@@ -602,8 +602,7 @@ impl Model {
         // The split attention kernel's scratch, sized for this plan's cells (at most the cache's
         // n_ctx): allocated here, not in the workspace, because only a plan knows its cells, and
         // held by the plan whose dispatches bind it.
-        let attn_scratch = kernels::attention_scratch(ctx, hp, n, max_cells, self.split_attention)?;
-        let fresh_qkv = kernels::takes_fresh_qkv(ctx, hp, attn_scratch.as_ref());
+        let split = kernels::split_attention(ctx, hp, n, max_cells, self.split_attention)?;
         let mut rec = Recorder::new(ctx);
         let (e, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
         let ropes = self.ropes_for(kv.n_ctx());
@@ -759,10 +758,10 @@ impl Model {
             } else {
                 0
             };
-            match attn_scratch.as_ref().filter(|_| fresh_qkv) {
-                Some(scratch) => kernels::attention_fresh(
+            match split.as_ref().filter(|s| s.fresh) {
+                Some(s) => kernels::attention_fresh(
                     &mut rec, rope_table, hp, ws, kv, l, qk_norm, &ws.att, window, step, max_cells,
-                    scratch,
+                    s,
                 )?,
                 None => {
                     kernels::qk_rope(&mut rec, rope_table, hp, ws, kv, l, n, qk_norm, step)?;
@@ -777,7 +776,7 @@ impl Model {
                         window,
                         step,
                         max_cells,
-                        attn_scratch.as_ref(),
+                        split.as_ref(),
                     )?;
                 }
             }
@@ -961,7 +960,7 @@ impl Model {
             rows,
             max_cells,
             prepared: rec.finish(),
-            _attn_scratch: attn_scratch,
+            _split: split,
             _norm_ss: norm_ss,
         })
     }
@@ -1141,7 +1140,7 @@ pub struct ForwardPlan {
     pub max_cells: u32,
     prepared: Prepared,
     /// Bound by the split attention dispatches (decode on GPUs), kept as long as they are.
-    _attn_scratch: Option<wgpu::Buffer>,
+    _split: Option<kernels::SplitAttention>,
     /// The sums of squares of a decode plan whose projections carry the norms, bound by them.
     _norm_ss: Option<wgpu::Buffer>,
 }

@@ -169,20 +169,10 @@ pub fn qk_rope(
     qk_rope::prepare_fused(rec, table, &f, n, hp.n_head, hp.n_head_kv, norm, 0, step)
 }
 
-/// Whether a plan with this attention `scratch` (decode on the split kernel) runs
-/// [`attention_fresh`] instead of [`qk_rope`] and [`attention`]: where the device fits the fused
-/// partial's shape. `CERA_FRESH_ATTN=0` (native) keeps the two dispatches, to compare.
-pub fn takes_fresh_qkv(ctx: &GpuContext, hp: &HParams, scratch: Option<&wgpu::Buffer>) -> bool {
-    let cfg = attention_split::SplitConfig::for_device(ctx);
-    scratch.is_some()
-        && crate::gpu::knob::knob("CERA_FRESH_ATTN").as_deref() != Some("0")
-        && attention_split::fresh_config(ctx, cfg, hp.head_dim).is_ok()
-}
-
 /// [`qk_rope`] and the split [`attention`] of one token in the attention's dispatches: the
 /// partial norms and ropes q and k from the projections' output `ws.qkv` and writes k and v into
 /// the cache of layer `l` itself (`attention_split::prepare_fresh`). `out (1, n_head,
-/// head_dim)`; `scratch` as [`attention_scratch`] made it.
+/// head_dim)`; `split` as [`split_attention`] made it, with `fresh` set.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_fresh(
     rec: &mut Recorder,
@@ -196,7 +186,7 @@ pub fn attention_fresh(
     window: u32,
     step: &wgpu::Buffer,
     max_cells: u32,
-    scratch: &wgpu::Buffer,
+    split: &SplitAttention,
 ) -> Result<()> {
     let (qd, kvd) = (hp.q_proj_dim() as u64, hp.kv_dim() as u64);
     let f = attention_split::Fresh {
@@ -208,24 +198,23 @@ pub fn attention_fresh(
         rope: table,
         norm,
     };
-    let cfg = attention_split::SplitConfig::for_device(rec.ctx);
     attention_split::prepare_fresh(
         rec,
-        cfg,
+        split.cfg,
         &attention_params(hp, 1, window),
         &f,
         kv.k(layer),
         kv.v(layer),
         out,
-        scratch,
+        &split.scratch,
         step,
         max_cells as u64,
     )
 }
 
 /// `out (n, n_head, head_dim) = softmax(q K^T * scale + mask) V` over the cache, at the step's
-/// positions, for runs attending to at most `max_cells` cells. With `scratch` (see
-/// [`attention_scratch`]) the split (flash-decoding) kernel, else the one-workgroup-per-head one.
+/// positions, for runs attending to at most `max_cells` cells. With `split` (see
+/// [`split_attention`]) the split (flash-decoding) kernel, else the one-workgroup-per-head one.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     rec: &mut Recorder,
@@ -238,25 +227,22 @@ pub fn attention(
     window: u32,
     step: &wgpu::Buffer,
     max_cells: u32,
-    scratch: Option<&wgpu::Buffer>,
+    split: Option<&SplitAttention>,
 ) -> Result<()> {
     let p = attention_params(hp, n, window);
-    match scratch {
-        Some(s) => {
-            let cfg = attention_split::SplitConfig::for_device(rec.ctx);
-            attention_split::prepare(
-                rec,
-                cfg,
-                &p,
-                q,
-                k_cache,
-                v_cache,
-                out,
-                s,
-                step,
-                max_cells as u64,
-            )
-        }
+    match split {
+        Some(s) => attention_split::prepare(
+            rec,
+            s.cfg,
+            &p,
+            q,
+            k_cache,
+            v_cache,
+            out,
+            &s.scratch,
+            step,
+            max_cells as u64,
+        ),
         None => {
             let cfg = attention::AttentionConfig::for_device(rec.ctx);
             attention::prepare(
@@ -287,31 +273,46 @@ fn attention_params(hp: &HParams, n: u32, window: u32) -> attention::AttentionPa
     )
 }
 
-/// The scratch of the split attention kernel for a plan of `n` tokens over at most `max_cells`
-/// cells, or `None` where the plan uses the one-workgroup-per-head kernel.
+/// The split attention kernel of a decode plan: its shape for the plan's cells, its scratch, and
+/// whether its partial takes q, k and v raw from the projections ([`attention_fresh`]). Fitted
+/// once when the plan is made; every layer's attention dispatches use it.
+pub struct SplitAttention {
+    pub cfg: attention_split::SplitConfig,
+    /// Partials of every chunk: one scratch serves every layer of a plan (the layers' attention
+    /// dispatches run one after the other in the pass, and the window does not change its size).
+    pub scratch: wgpu::Buffer,
+    /// The partial does `qk_rope`'s work itself: where the device fits the fused partial's shape.
+    /// `CERA_FRESH_ATTN=0` (native) keeps `qk_rope` and the plain partial, to compare.
+    pub fresh: bool,
+}
+
+/// The split attention kernel for a plan of `n` tokens over at most `max_cells` cells, or `None`
+/// where the plan uses the one-workgroup-per-head kernel.
 ///
 /// The split kernel serves decode (`n == 1`), where a workgroup per head leaves a GPU idle
 /// (Gemma 3 270M: 4 workgroups walking the whole cache), on GPUs. Prefill batches already have
 /// `n * n_head` workgroups. CPU adapters keep the one-workgroup-per-head kernel: on lavapipe
 /// the split one measured about even at 700 cells and faster only at 4000 (tests/attention_split.rs,
-/// `timing_old_vs_split`), and it adds a dispatch per layer.
-///
-/// One scratch serves every layer of a plan: the layers' attention dispatches run one after the
-/// other in the pass, and the window does not change its size. `split` overrides the choice
-/// by adapter for decode ([`crate::model::Model::split_attention`]).
-pub fn attention_scratch(
+/// `timing_old_vs_split`), and it adds a dispatch per layer. `split` overrides the choice by
+/// adapter for decode ([`crate::model::Model::split_attention`]).
+pub fn split_attention(
     ctx: &GpuContext,
     hp: &HParams,
     n: u32,
     max_cells: u32,
     split: Option<bool>,
-) -> Result<Option<wgpu::Buffer>> {
+) -> Result<Option<SplitAttention>> {
     if n != 1 || !split.unwrap_or(!matmul::is_cpu_adapter(ctx)) {
         return Ok(None);
     }
-    let cfg = attention_split::SplitConfig::for_device(ctx);
+    let cfg = attention_split::SplitConfig::for_cells(ctx, max_cells);
     let bytes = attention_split::scratch_bytes(&attention_params(hp, n, 0), cfg, max_cells as u64);
-    Ok(Some(ctx.empty_storage("attention split scratch", bytes)?))
+    Ok(Some(SplitAttention {
+        cfg,
+        scratch: ctx.empty_storage("attention split scratch", bytes)?,
+        fresh: crate::gpu::knob::knob("CERA_FRESH_ATTN").as_deref() != Some("0")
+            && attention_split::fresh_config(ctx, cfg, hp.head_dim).is_ok(),
+    }))
 }
 
 /// The feed-forward block's output `y (n, down.rows) = (act(gate) * up) W_down^T`, from gate and

@@ -99,6 +99,10 @@ pub struct SplitConfig {
     pub team: u32,
 }
 
+/// Plans over more cells than this take the deep shape ([`SplitConfig::for_cells`]); a session
+/// on a GPU plans its decode for at most this many cells until its context passes them.
+pub const DEEP_CELLS: u32 = 2048;
+
 impl SplitConfig {
     pub const fn new(workgroup_size: u32, chunk: u32, team: u32) -> Self {
         SplitConfig {
@@ -124,6 +128,19 @@ impl SplitConfig {
             }
         }
         Self::new(256, 16, 16)
+    }
+
+    /// The shape for a plan over at most `max_cells` cells: [`Self::for_device`]'s up to
+    /// [`DEEP_CELLS`], beyond it 512 threads and chunks of 32 cells (half the partials for the
+    /// reduce to combine, each workgroup walking twice the cells). Measured on an H200 before the
+    /// two were told apart (270M decode tok/s after 256 / at 4000 cells, 8B after 256): 512,32,16
+    /// 1,078-1,083 / 1,012-1,019 / 228.0-228.5 against 256,16,16's 1,083-1,089 / 983-1,003 /
+    /// 234.2-236.1. `CERA_ATTN_SPLIT` sets both.
+    pub fn for_cells(ctx: &GpuContext, max_cells: u32) -> Self {
+        match crate::gpu::knob::knob("CERA_ATTN_SPLIT") {
+            None if max_cells > DEEP_CELLS => Self::new(512, 32, 16),
+            _ => Self::for_device(ctx),
+        }
     }
 
     /// `WG,CHUNK,TEAM`, three positive integers.
