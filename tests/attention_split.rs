@@ -4,7 +4,7 @@
 //! start mid-chunk and mask whole chunks, GQA/MQA, soft cap, prefill batches, vec2 and vec4
 //! heads, offsets; one prepared pair of dispatches run at two step positions (no stale partial
 //! is read); more than 65535 workgroups. The fused decode partial that takes q, k and v raw
-//! from a projection row (`prepare_fresh`: QK-norm, rope and the KV write inside the partial)
+//! from a projection row (`Query::Fresh`: QK-norm, rope and the KV write inside the partial)
 //! against `qk_rope`'s reference composed with attention's, over Gemma-, Llama- and Qwen3.5-like
 //! heads, partial rotary, windows, soft cap, vec2 and vec4, and three decode steps in a row
 //! through one prepared pair. Runs natively and in headless Chrome.
@@ -14,7 +14,7 @@ mod common;
 use cera_web::gpu::readback::read_f32;
 use cera_web::gpu::{GpuContext, Recorder, Step};
 use cera_web::ops::attention::{self, AttentionConfig, AttentionParams};
-use cera_web::ops::attention_split::{self, Fresh, SplitConfig, DEEP_CELLS};
+use cera_web::ops::attention_split::{self, Fresh, Query, SplitConfig};
 use cera_web::ops::{qk_rope, rope::RopeTable};
 use cera_web::rope::{RopeConfig, RopeType};
 use common::Rng;
@@ -32,7 +32,7 @@ const POISON: f32 = 1e3;
 
 const SHAPES: [SplitConfig; 4] = [
     SplitConfig::new(256, 16, 16), // the engine's default (SplitConfig::for_device)
-    SplitConfig::new(512, 32, 16), // its default past DEEP_CELLS (fitted to the device's limits)
+    SplitConfig::new(512, 32, 16), // a shape measured at depth (fitted to the device's limits)
     SplitConfig::new(256, 64, 8),
     SplitConfig::new(64, 4, 1),
 ];
@@ -342,7 +342,7 @@ async fn prepared_at_two_positions(name: &str, p0: AttentionParams, cfg: SplitCo
         &mut rec,
         cfg,
         &p0,
-        &qb,
+        Query::Roped(&qb),
         &kb,
         &vb,
         &out,
@@ -408,16 +408,6 @@ fn more_than_65535_workgroups() {
     });
 }
 
-// Plans over more than DEEP_CELLS cells take the deep shape, the others the default one (both
-// in SHAPES, so every kernel test runs them).
-gpu_test!(plans_past_deep_cells_take_the_deep_shape, async {
-    let ctx = context().await;
-    assert_eq!(SplitConfig::for_cells(&ctx, 16), SHAPES[0]);
-    assert_eq!(SplitConfig::for_cells(&ctx, DEEP_CELLS), SHAPES[0]);
-    assert_eq!(SplitConfig::for_cells(&ctx, DEEP_CELLS + 1), SHAPES[1]);
-    assert_eq!(SplitConfig::for_device(&ctx), SHAPES[0]);
-});
-
 /// Bad shapes get clear errors before anything is encoded.
 async fn bad_arguments() {
     let ctx = context().await;
@@ -449,7 +439,7 @@ async fn bad_arguments() {
         &mut rec,
         cfg,
         &p,
-        &buf,
+        Query::Roped(&buf),
         &buf,
         &buf,
         &out,
@@ -464,7 +454,7 @@ async fn bad_arguments() {
         &mut rec,
         cfg,
         &p,
-        &buf,
+        Query::Roped(&buf),
         &buf,
         &buf,
         &out,
@@ -541,7 +531,7 @@ async fn timing() {
 }
 gpu_test!(timing_old_vs_split, timing());
 
-/// One case of the fused decode partial ([`attention_split::prepare_fresh`]).
+/// One case of the fused decode partial ([`attention_split::Query::Fresh`]).
 #[derive(Clone, Copy, Debug)]
 struct FreshCase {
     n_head: u32,
@@ -721,11 +711,11 @@ async fn check_fresh(name: &str, shapes: &[SplitConfig], c: FreshCase, positions
         };
         assert_eq!(p0.q_offset as u64, q_col);
         let mut rec = Recorder::new(&ctx);
-        attention_split::prepare_fresh(
+        attention_split::prepare(
             &mut rec,
             cfg,
             &p0,
-            &f,
+            Query::Fresh(&f),
             &kb,
             &vb,
             &out,
@@ -873,11 +863,11 @@ gpu_test!(fresh_refuses_what_it_cannot_run, async {
     let p = c.params(0);
     let run = |p: &AttentionParams, f: &Fresh, out: &wgpu::Buffer| {
         let mut rec = Recorder::new(&ctx);
-        attention_split::prepare_fresh(
+        attention_split::prepare(
             &mut rec,
             cfg,
             p,
-            f,
+            Query::Fresh(f),
             &kc,
             &vc,
             out,

@@ -9,7 +9,6 @@ use cera_web::generate::score::score_logits;
 use cera_web::gpu::readback::read_f32;
 use cera_web::loader::StreamLoader;
 use cera_web::model::{LogitRows, Model};
-use cera_web::ops::attention_split::DEEP_CELLS;
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
@@ -187,12 +186,12 @@ async fn check(name: &str) {
     }
 }
 
-/// The decode attention's deep shape (`SplitConfig::for_cells`: plans over more than
-/// `DEEP_CELLS` cells): a prefill past `DEEP_CELLS` cells, then decode steps through the split
-/// kernel (which a CPU adapter does not choose by itself) against the one-workgroup-per-head
-/// kernel over the same cache contents. llama.cpp's fixture rows are 24 tokens, so the reference
-/// is the kernel those rows check.
-async fn deep_split(name: &str) {
+/// A long context on the decode attention's split kernel (which a CPU adapter does not choose by
+/// itself): a prefill of 2080 cells (130 chunks of 16 cells a head for the reduce to combine),
+/// then decode steps through the split kernel against the
+/// one-workgroup-per-head kernel over the same cache contents. llama.cpp's fixture rows are 24
+/// tokens, so the reference is the kernel those rows check.
+async fn long_split(name: &str) {
     let manifest: serde_json::Value = serde_json::from_str(MANIFEST).unwrap();
     let m = &manifest["models"][name];
     let ctx = common::context().await;
@@ -201,7 +200,7 @@ async fn deep_split(name: &str) {
     loader.push(&bytes).unwrap();
     let mut model = Model::new(&ctx, loader.finish().unwrap()).await.unwrap();
     let n_vocab = model.hp.n_vocab;
-    let n = DEEP_CELLS + 37;
+    let n = 2085;
     let tokens: Vec<u32> = (0..n).map(|i| (i * 7919 + 13) % n_vocab).collect();
     let (prefill, steps) = tokens.split_at(n as usize - 5);
     let mut rows = Vec::new();
@@ -232,7 +231,7 @@ async fn deep_split(name: &str) {
     assert_eq!(rows[1].len(), steps.len() * n_vocab as usize);
     compare(
         name,
-        "decode past DEEP_CELLS, split attention",
+        "decode past 2080 cells, split attention",
         m,
         &rows[1],
         &rows[0],
@@ -241,8 +240,8 @@ async fn deep_split(name: &str) {
     );
 }
 
-gpu_test!(llama_f32_deep_split_attention, deep_split("llama-F32"));
-gpu_test!(gemma3_f32_deep_split_attention, deep_split("gemma3-F32"));
+gpu_test!(llama_f32_long_split_attention, long_split("llama-F32"));
+gpu_test!(gemma3_f32_long_split_attention, long_split("gemma3-F32"));
 
 macro_rules! synthetic {
     ($($test:ident => $name:literal),* $(,)?) => {

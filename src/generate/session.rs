@@ -14,7 +14,6 @@ use crate::tokenizer::{Detokenizer, Tokenizer};
 
 use super::constraint::{Constraint, ConstraintEnv, ConstraintSpec};
 use super::sampler::{Sampler, SamplerParams};
-use crate::ops::attention_split::DEEP_CELLS;
 
 /// Prepared forward passes a session keeps (decode, the prefill batch, a few tails).
 const MAX_PLANS: usize = 8;
@@ -342,15 +341,11 @@ impl Session {
     ///
     /// On a CPU-emulated adapter the attention kernel's shape depends on how many cells it walks
     /// (lavapipe's loop limit, `ops::attention`), so plans there cover powers of two of cells;
-    /// elsewhere two plans per batch size cover the context: one up to the split attention's
-    /// [`DEEP_CELLS`] and one for the rest, whose decode attention takes the deep shape
-    /// (`SplitConfig::for_cells`).
+    /// elsewhere one plan per batch size covers the whole context.
     fn plan_for(&mut self, n: u32, end: u32) -> Result<usize> {
         let n_ctx = self.kv.n_ctx();
         let cells = if crate::ops::matmul::is_cpu_adapter(&self.ctx) {
             end.next_power_of_two().max(256).min(n_ctx)
-        } else if end <= DEEP_CELLS {
-            DEEP_CELLS.min(n_ctx)
         } else {
             n_ctx
         };

@@ -171,7 +171,7 @@ pub fn qk_rope(
 
 /// [`qk_rope`] and the split [`attention`] of one token in the attention's dispatches: the
 /// partial norms and ropes q and k from the projections' output `ws.qkv` and writes k and v into
-/// the cache of layer `l` itself (`attention_split::prepare_fresh`). `out (1, n_head,
+/// the cache of layer `l` itself (`attention_split::Query::Fresh`). `out (1, n_head,
 /// head_dim)`; `split` as [`split_attention`] made it, with `fresh` set.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_fresh(
@@ -198,11 +198,11 @@ pub fn attention_fresh(
         rope: table,
         norm,
     };
-    attention_split::prepare_fresh(
+    attention_split::prepare(
         rec,
         split.cfg,
         &attention_params(hp, 1, window),
-        &f,
+        attention_split::Query::Fresh(&f),
         kv.k(layer),
         kv.v(layer),
         out,
@@ -235,7 +235,7 @@ pub fn attention(
             rec,
             s.cfg,
             &p,
-            q,
+            attention_split::Query::Roped(q),
             k_cache,
             v_cache,
             out,
@@ -273,7 +273,7 @@ fn attention_params(hp: &HParams, n: u32, window: u32) -> attention::AttentionPa
     )
 }
 
-/// The split attention kernel of a decode plan: its shape for the plan's cells, its scratch, and
+/// The split attention kernel of a decode plan: its shape on this device, its scratch, and
 /// whether its partial takes q, k and v raw from the projections ([`attention_fresh`]). Fitted
 /// once when the plan is made; every layer's attention dispatches use it.
 pub struct SplitAttention {
@@ -305,7 +305,7 @@ pub fn split_attention(
     if n != 1 || !split.unwrap_or(!matmul::is_cpu_adapter(ctx)) {
         return Ok(None);
     }
-    let cfg = attention_split::SplitConfig::for_cells(ctx, max_cells);
+    let cfg = attention_split::SplitConfig::for_device(ctx);
     let bytes = attention_split::scratch_bytes(&attention_params(hp, n, 0), cfg, max_cells as u64);
     Ok(Some(SplitAttention {
         cfg,

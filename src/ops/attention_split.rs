@@ -12,7 +12,7 @@
 //! the step's mask allows return at once, and the reduce reads exactly the chunks that hold one
 //! (so a partial left in the scratch by an earlier step is never read).
 //!
-//! [`prepare_fresh`] reads the step's q, k and v as the projections left them and does
+//! [`Query::Fresh`] reads the step's q, k and v as the projections left them and does
 //! `qk_rope`'s work (QK-norm, rope, the KV write) inside the partial: a decode step then runs
 //! two dispatches for a layer's attention instead of three.
 
@@ -99,10 +99,6 @@ pub struct SplitConfig {
     pub team: u32,
 }
 
-/// Plans over more cells than this take the deep shape ([`SplitConfig::for_cells`]); a session
-/// on a GPU plans its decode for at most this many cells until its context passes them.
-pub const DEEP_CELLS: u32 = 2048;
-
 impl SplitConfig {
     pub const fn new(workgroup_size: u32, chunk: u32, team: u32) -> Self {
         SplitConfig {
@@ -130,19 +126,6 @@ impl SplitConfig {
         Self::new(256, 16, 16)
     }
 
-    /// The shape for a plan over at most `max_cells` cells: [`Self::for_device`]'s up to
-    /// [`DEEP_CELLS`], beyond it 512 threads and chunks of 32 cells (half the partials for the
-    /// reduce to combine, each workgroup walking twice the cells). Measured on an H200 before the
-    /// two were told apart (270M decode tok/s after 256 / at 4000 cells, 8B after 256): 512,32,16
-    /// 1,078-1,083 / 1,012-1,019 / 228.0-228.5 against 256,16,16's 1,083-1,089 / 983-1,003 /
-    /// 234.2-236.1. `CERA_ATTN_SPLIT` sets both.
-    pub fn for_cells(ctx: &GpuContext, max_cells: u32) -> Self {
-        match crate::gpu::knob::knob("CERA_ATTN_SPLIT") {
-            None if max_cells > DEEP_CELLS => Self::new(512, 32, 16),
-            _ => Self::for_device(ctx),
-        }
-    }
-
     /// `WG,CHUNK,TEAM`, three positive integers.
     pub fn parse(s: &str) -> Option<Self> {
         let v: Vec<u32> = s
@@ -163,7 +146,7 @@ impl SplitConfig {
         self.fit_for(ctx, head_dim, vec4, false)
     }
 
-    /// [`Self::fit`] for the `FRESH` partial when `fresh` ([`prepare_fresh`]): a thread per rope
+    /// [`Self::fit`] for the `FRESH` partial when `fresh` ([`Query::Fresh`]): a thread per rope
     /// pair too (head_dim / 2), and its head arrays in workgroup memory.
     pub fn fit_for(self, ctx: &GpuContext, head_dim: u32, vec4: bool, fresh: bool) -> Result<Self> {
         let bad = |m: String| Err(Error::invalid(format!("attention_split: {m}")));
@@ -224,7 +207,7 @@ pub fn key(cfg: SplitConfig, vec4: bool, entry: &'static str) -> PipelineKey {
 }
 
 /// [`key`], and for the partial with `fresh = Some((head_dim, norm))` its `FRESH` variant
-/// ([`prepare_fresh`]; `NORM` with a QK-norm).
+/// ([`Query::Fresh`]; `NORM` with a QK-norm).
 pub fn key_fresh(
     cfg: SplitConfig,
     vec4: bool,
@@ -294,7 +277,19 @@ fn use_vec4(p: &AttentionParams, fresh: Option<&Fresh>) -> bool {
         && cols.is_multiple_of(4)
 }
 
-/// The step's q, k and v as the projections wrote them, for [`prepare_fresh`]: row `t` of
+/// The attention's query: roped q heads in a buffer `(n_tokens, n_head, head_dim)` from
+/// `p.q_offset`, or (`Fresh`, one token) q, k and v still as the projections left them: then the
+/// partial norms (QK-norm) and ropes them at the step's position, takes the token's own cell
+/// from its k and v, and writes them to the caches (`qk_rope`'s work, in the same dispatch);
+/// `p.q_offset` is q's column in the source, and `p.n_tokens` must be 1 (a token's cell is read
+/// by no other workgroup of the step only then).
+#[derive(Clone, Copy)]
+pub enum Query<'a> {
+    Roped(&'a wgpu::Buffer),
+    Fresh(&'a Fresh<'a>),
+}
+
+/// The step's q, k and v as the projections wrote them ([`Query::Fresh`]): row `t` of
 /// `src (n_tokens, stride)` holds q's head `h` from column `p.q_offset + h * q_head_stride`, kv
 /// head `j`'s k from `k_col + j * head_dim` and its v from `v_col + j * head_dim`.
 pub struct Fresh<'a> {
@@ -310,7 +305,7 @@ pub struct Fresh<'a> {
     pub norm: Option<(&'a wgpu::Buffer, f32)>,
 }
 
-/// The shape [`prepare_fresh`] runs for `cfg` and a head of `head_dim`, or why it cannot (the
+/// The shape [`Query::Fresh`] runs for `cfg` and a head of `head_dim`, or why it cannot (the
 /// device's workgroup size or memory). Callers that get an error run `qk_rope` and
 /// [`prepare`] instead.
 pub fn fresh_config(ctx: &GpuContext, cfg: SplitConfig, head_dim: u32) -> Result<SplitConfig> {
@@ -350,7 +345,7 @@ pub fn encode(
         &mut rec,
         cfg,
         p,
-        q,
+        Query::Roped(q),
         k_cache,
         v_cache,
         out,
@@ -367,12 +362,13 @@ pub fn encode(
 /// caches and `scratch` must hold it: [`scratch_bytes`]).
 ///
 /// - `scratch`: at least [`scratch_bytes`]`(p, cfg, max_cells)` bytes, bound to nothing else
+/// - `q`: roped, or fresh from the projections ([`Query`]).
 #[allow(clippy::too_many_arguments)]
 pub fn prepare(
     rec: &mut Recorder,
     cfg: SplitConfig,
     p: &AttentionParams,
-    q: &wgpu::Buffer,
+    q: Query,
     k_cache: &wgpu::Buffer,
     v_cache: &wgpu::Buffer,
     out: &wgpu::Buffer,
@@ -380,59 +376,10 @@ pub fn prepare(
     step: &wgpu::Buffer,
     max_cells: u64,
 ) -> Result<()> {
-    prepare_inner(
-        rec, cfg, p, q, None, k_cache, v_cache, out, scratch, step, max_cells,
-    )
-}
-
-/// [`prepare`] for one token whose q, k and v are still as the projections left them
-/// ([`Fresh`]): the partial norms (QK-norm) and ropes them at the step's position, takes the
-/// token's own cell from its k and v, and writes them to the caches (`qk_rope`'s work, in
-/// the same dispatch). `p.q_offset` is q's column in `f.src`; `p.n_tokens` must be 1 (a
-/// token's cell is read by no other workgroup of the step only then).
-#[allow(clippy::too_many_arguments)]
-pub fn prepare_fresh(
-    rec: &mut Recorder,
-    cfg: SplitConfig,
-    p: &AttentionParams,
-    f: &Fresh,
-    k_cache: &wgpu::Buffer,
-    v_cache: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    scratch: &wgpu::Buffer,
-    step: &wgpu::Buffer,
-    max_cells: u64,
-) -> Result<()> {
-    prepare_inner(
-        rec,
-        cfg,
-        p,
-        f.src,
-        Some(f),
-        k_cache,
-        v_cache,
-        out,
-        scratch,
-        step,
-        max_cells,
-    )
-}
-
-/// Where `q` is [`Fresh`]'s source when `fresh` is given.
-#[allow(clippy::too_many_arguments)]
-fn prepare_inner(
-    rec: &mut Recorder,
-    cfg: SplitConfig,
-    p: &AttentionParams,
-    q: &wgpu::Buffer,
-    fresh: Option<&Fresh>,
-    k_cache: &wgpu::Buffer,
-    v_cache: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    scratch: &wgpu::Buffer,
-    step: &wgpu::Buffer,
-    max_cells: u64,
-) -> Result<()> {
+    let (q, fresh) = match q {
+        Query::Roped(q) => (q, None),
+        Query::Fresh(f) => (f.src, Some(f)),
+    };
     let ctx = rec.ctx;
     p.validate()?;
     if p.n_tokens == 0 {
@@ -566,7 +513,7 @@ fn prepare_inner(
     Ok(())
 }
 
-/// [`prepare_fresh`]'s own checks: one token, the rope's head size, the columns within a row
+/// [`Query::Fresh`]'s own checks: one token, the rope's head size, the columns within a row
 /// and even (vec2 loads), the norm's weights, and buffers it writes other than its source.
 fn check_fresh(p: &AttentionParams, f: &Fresh, written: [&wgpu::Buffer; 3]) -> Result<()> {
     let bad = |m: String| {
