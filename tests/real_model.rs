@@ -117,16 +117,30 @@ async fn check_on(ctx: cera_web::gpu::GpuContext) {
     let h = model.header.clone();
     assert_eq!(h.architecture(), Some("gemma3"));
     // 236 tensors in the file. Per layer gate and up (Q5_0) are fused into one GPU tensor, and
-    // q and k (Q5_0) into another, with v where it is Q5_0 too (Q4_K_M gives some layers' v
-    // more bits).
+    // q, k and v into another: Q5_0, or Q8_0 in the layers where Q4_K_M gives v more bits (q and
+    // k widened losslessly; blk.0 is one, so its attn_q below is read through the widened rows).
     assert_eq!(h.tensors().len(), 236);
     let ty = |n: String| h.tensor(&n).unwrap().ty;
-    let v_fused = (0..18)
-        .filter(|l| ty(format!("blk.{l}.attn_v.weight")) == ty(format!("blk.{l}.attn_k.weight")))
+    let v_wide = (0..18)
+        .filter(|l| ty(format!("blk.{l}.attn_v.weight")) == GgmlType::Q8_0)
         .count();
-    assert!(v_fused > 0 && v_fused < 18, "{v_fused} layers with v fused");
-    assert_eq!(model.fused.len(), 4 * 18 + v_fused);
-    assert_eq!(model.tensors.len(), 236 - 2 * 18 - v_fused);
+    assert!(v_wide > 0 && v_wide < 18, "{v_wide} layers with a Q8_0 v");
+    assert_eq!(ty("blk.0.attn_v.weight".into()), GgmlType::Q8_0);
+    for l in 0..18 {
+        let (t, _) = model.rows_of(&format!("blk.{l}.attn_q.weight")).unwrap();
+        assert_eq!(
+            t.ty,
+            ty(format!("blk.{l}.attn_v.weight")),
+            "layer {l}'s q/k/v"
+        );
+        assert_eq!(
+            t.rows,
+            1024 + 256 + 256,
+            "layer {l}: q, k and v in one tensor"
+        );
+    }
+    assert_eq!(model.fused.len(), 5 * 18);
+    assert_eq!(model.tensors.len(), 236 - 3 * 18);
     tlog!(
         "plan: {:?}, {} buffers, {} split",
         model.plan.gpu_bytes_per_type,
