@@ -131,6 +131,16 @@ fn compare(
     );
 }
 
+/// A GPU context and the synthetic model of manifest entry `m`.
+async fn load(m: &serde_json::Value) -> (cera_web::gpu::GpuContext, Model) {
+    let ctx = common::context().await;
+    let bytes = fixture(m["model"].as_str().unwrap()).await;
+    let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
+    loader.push(&bytes).unwrap();
+    let model = Model::new(&ctx, loader.finish().unwrap()).await.unwrap();
+    (ctx, model)
+}
+
 /// Every model three ways, each against llama.cpp's rows: all 24 tokens in one batch; a prefill
 /// in chunks of 5 (so later chunks attend to cells written by earlier passes, past gemma3's
 /// 8-token window); and one token per pass, the decode path (GEMV kernels, a plan for 1 token).
@@ -146,11 +156,7 @@ async fn check(name: &str) {
         .iter()
         .map(|v| v.as_u64().unwrap() as u32)
         .collect();
-    let ctx = common::context().await;
-    let bytes = fixture(m["model"].as_str().unwrap()).await;
-    let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
-    loader.push(&bytes).unwrap();
-    let mut model = Model::new(&ctx, loader.finish().unwrap()).await.unwrap();
+    let (ctx, mut model) = load(m).await;
     let want: Vec<f32> = fixture(&format!("oracle/{}", m["logits"].as_str().unwrap()))
         .await
         .chunks_exact(4)
@@ -194,11 +200,7 @@ async fn check(name: &str) {
 async fn long_split(name: &str) {
     let manifest: serde_json::Value = serde_json::from_str(MANIFEST).unwrap();
     let m = &manifest["models"][name];
-    let ctx = common::context().await;
-    let bytes = fixture(m["model"].as_str().unwrap()).await;
-    let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
-    loader.push(&bytes).unwrap();
-    let mut model = Model::new(&ctx, loader.finish().unwrap()).await.unwrap();
+    let (ctx, mut model) = load(m).await;
     let n_vocab = model.hp.n_vocab;
     let n = 2085;
     let tokens: Vec<u32> = (0..n).map(|i| (i * 7919 + 13) % n_vocab).collect();
