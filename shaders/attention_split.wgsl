@@ -109,14 +109,12 @@ fn pack_ml(m: f32, l: f32) -> VecN {
 @group(0) @binding(4) var<storage, read_write> scratch: array<VecN>;   // o then ml (layout above)
 @group(0) @binding(5) var<storage, read_write> out: array<VecN>;       // (n_tokens, n_head, NV) from out_offset / W
 @group(0) @binding(6) var<storage, read> step: StepState;              // this step's positions
+#include "split_decls.tmpl"
 
 const TEAMS: u32 = WG_SIZE / TEAM;
 // Row stride of `red`: one pad word so the lanes of a team and the cells of a column fall in
 // different banks.
 const RED_STRIDE: u32 = TEAM + 1u;
-// A "minus infinity" that stays finite: exp(NEG_BIG - s) is exactly 0 for any real score, and no
-// inf - inf NaN can arise.
-const NEG_BIG: f32 = -1e30;
 
 var<workgroup> red: array<f32, CHUNK * RED_STRIDE>;    // (CHUNK, TEAM) partial dots
 var<workgroup> sc: array<vec4<f32>, CHUNK / 4u>;       // the chunk's scores, four per entry
@@ -167,10 +165,7 @@ const NO_CELL: u32 = 0xffffffffu;
 
 // First cell token `pos` sees: the window start, or 0.
 fn first_cell(pos: u32) -> u32 {
-    if p.window > 0u && pos + 1u > p.window {
-        return pos + 1u - p.window;
-    }
-    return 0u;
+    return split_first_cell(pos, p.window);
 }
 
 // Scale, then the soft cap (attention.wgsl's order and clamp).
@@ -438,48 +433,18 @@ fn reduce(
     let slot0 = pair * p.n_chunks;
     let mlb = n_pairs * p.n_chunks * nv + slot0;
 
-    // Thread (vg, j) takes vector j of chunks k0 + vg, k0 + vg + groups, ..., four a step,
-    // loaded together (clamped to the last chunk, the terms past it dropped), with a running
-    // max mt: acc and l are its sums scaled by exp(-mt). The groups' sums meet at the end, each
-    // rescaled to the largest max. (One pass over the chunks: the maxima first, then the sums,
-    // waited for the loads twice, and a tree over the workgroup in between.)
+    // Thread (vg, j) takes vector j of chunks k0 + vg, k0 + vg + groups, ... (split_sum); the
+    // groups' sums meet at the end, each rescaled to the largest max.
     let groups = WG_SIZE / nv;
     let vg = lid / nv;
     let j = lid % nv;
-    var acc = VecN(0.0);
-    var l = 0.0;
-    var mt = NEG_BIG;
+    var sum = SplitSum(VecN(0.0), 0.0, NEG_BIG);
     if vg < groups {
-        let cl = k1 - 1u;
-        for (var i = k0 + vg; i < k1; i += 4u * groups) {
-            let c1 = i + groups;
-            let c2 = i + 2u * groups;
-            let c3 = i + 3u * groups;
-            let ml0 = scratch[mlb + i];
-            let ml1 = scratch[mlb + min(c1, cl)];
-            let ml2 = scratch[mlb + min(c2, cl)];
-            let ml3 = scratch[mlb + min(c3, cl)];
-            let o0 = scratch[(slot0 + i) * nv + j];
-            let o1 = scratch[(slot0 + min(c1, cl)) * nv + j];
-            let o2 = scratch[(slot0 + min(c2, cl)) * nv + j];
-            let o3 = scratch[(slot0 + min(c3, cl)) * nv + j];
-            let m1 = select(NEG_BIG, ml1.x, c1 < k1);
-            let m2 = select(NEG_BIG, ml2.x, c2 < k1);
-            let m3 = select(NEG_BIG, ml3.x, c3 < k1);
-            let mn = max(max(mt, ml0.x), max(m1, max(m2, m3)));
-            let keep = exp(mt - mn);
-            let e0 = exp(ml0.x - mn);
-            let e1 = exp(m1 - mn);
-            let e2 = exp(m2 - mn);
-            let e3 = exp(m3 - mn);
-            l = l * keep + ml0.y * e0 + ml1.y * e1 + ml2.y * e2 + ml3.y * e3;
-            acc = acc * keep + e0 * o0 + e1 * o1 + e2 * o2 + e3 * o3;
-            mt = mn;
-        }
+        sum = split_sum(slot0, mlb, k0 + vg, k1, groups, j, nv);
     }
-    part[lid] = acc;
-    lpart[lid] = l;
-    mred[lid] = mt;
+    part[lid] = sum.acc;
+    lpart[lid] = sum.l;
+    mred[lid] = sum.m;
     workgroupBarrier();
     if lid < nv {
         var big_m = NEG_BIG;

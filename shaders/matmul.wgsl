@@ -48,7 +48,14 @@
 //   cols / 4 sizes the workgroup array (cols a multiple of 4).
 //   GLU_WG (with X_GLU, NT = 1, cols a multiple of 4): every workgroup first computes its token's
 //   X = act(G) * U into workgroup memory (XW4 = cols / 4 vec4), instead of once per row. X_WG is
-//   set with GLU_WG and with X_PRENORM: X is read from that workgroup array.
+//   set with GLU_WG, X_PRENORM and X_SPLIT: X is read from that workgroup array.
+//   X_SPLIT (decode, NT = 1, no X_GLU, no XVEC4): X is a decode step's attention output, all
+//   heads side by side (cols = n_head * head_dim), left by attention_split.wgsl's partial as
+//   its chunks' softmax state in `scratch` (vec4 layout), and every workgroup does the reduce
+//   itself into workgroup memory (split_prologue): the attention's reduce folded into the
+//   projection that reads its output, one dispatch a layer fewer. Each workgroup reads every
+//   chunk the step wrote, so the host sets it only while they are few (short plans).
+//   SP_CHUNK: the partial's cells a chunk.
 //   Y_RESNORM (decode, NT = 1, one output row per feature of the residual stream): the
 //   product is a block's last projection, and its epilogue does the residual add and the half
 //   of the next pre-norm that needs no other row: y[r] += pre_scale * (W x)[r] (y is the
@@ -94,6 +101,10 @@ struct MatmulParams {
     pre_scale: f32,  // X_PRENORM with PRE_ADD, Y_RESNORM: the addend's scale (residual scale)
     ss_offset: u32,  // Y_RESNORM: en_ss index of this part's first workgroup
     ss_count: u32,   // Y_NORMSCALE: partial sums of squares to add (the producer's workgroups)
+    sp_nv: u32,      // X_SPLIT: vec4s a head (head_dim / 4)
+    sp_chunks: u32,  // X_SPLIT: chunks a head in the scratch (the partial's n_chunks)
+    sp_window: u32,  // X_SPLIT: the attention's sliding window in cells (0: none)
+    sp_pos0: u32,    // X_SPLIT: added to step.pos0, the token's position (the partial's pos0)
 }
 
 @group(0) @binding(0) var<uniform> p: MatmulParams;
@@ -273,6 +284,31 @@ fn prenorm(lid: u32, g: u32) {
     // Each invocation rescales only the entries it wrote: no barrier before, one after.
     for (var i4 = lid; i4 < n4; i4 += WG_SIZE) {
         xw4[i4] = xw4[i4] * inv;
+    }
+    workgroupBarrier();
+}
+#endif
+#ifdef X_SPLIT
+alias VecN = vec4<f32>;
+@group(0) @binding(13) var<storage, read> scratch: array<vec4<f32>>; // the partials (attention_split.wgsl)
+@group(0) @binding(14) var<storage, read> step: StepState;           // the step's position
+#include "split_decls.tmpl"
+var<workgroup> xw4: array<vec4<f32>, XW4>; // X of this token, computed by the prologue
+// xw4 = the attention output, as the X_SPLIT comment above says: entry i4 is vector i4 % nv
+// of head i4 / nv, the sum of that head's chunks the partial wrote this step (the reduce's
+// [k0, k1)), normalised. A thread an entry, its chunks in one pass (split_sum). Called by
+// every invocation (it has a barrier).
+fn split_prologue(lid: u32) {
+    let pos = step.pos0 + p.sp_pos0;
+    let k0 = split_first_cell(pos, p.sp_window) / SP_CHUNK;
+    let k1 = pos / SP_CHUNK + 1u;
+    let nv = p.sp_nv;
+    // Scratch: o as (n_head, sp_chunks, nv) vectors (n_head * nv = XW4), then (m, l) a chunk.
+    let mlb = XW4 * p.sp_chunks;
+    for (var i4 = lid; i4 < XW4; i4 += WG_SIZE) {
+        let slot0 = (i4 / nv) * p.sp_chunks;
+        let sum = split_sum(slot0, mlb + slot0, k0, k1, 1u, i4 % nv, nv);
+        xw4[i4] = sum.acc / sum.l;
     }
     workgroupBarrier();
 }
@@ -561,15 +597,20 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
 #define TOUCH_W
 #endif
 #endif
+#ifdef X_SPLIT
+#ifdef WORDS
+#define TOUCH_W
+#endif
+#endif
 #ifdef TOUCH_W
 // The words of W this lane's first loop step will read (its rows' first UNROLL items), loaded
-// before the prologue (X_PRENORM's norm, GLU_WG's gated unit) and folded into one word that
-// decides nothing: their memory latency then passes during the prologue, and the loop's loads
-// of them hit the cache. (The prologue comes first because X is needed for any item's
-// arithmetic; the weights are not.) Measured on an H200: Gemma 3 270M decode +0.6 %, +2.3 % at
-// depth 4000 (the norm's prologue alone). Word items
-// are exact; other types touch the same stretch of their rows. Only for interleaved teams
-// (WORDS): the CPU adapters' thread-per-row shape keeps its loads as they are.
+// before the prologue (X_PRENORM's norm, GLU_WG's gated unit, X_SPLIT's reduce) and folded
+// into one word that decides nothing: their memory latency then passes during the prologue,
+// and the loop's loads of them hit the cache. (The prologue comes first because X is needed
+// for any item's arithmetic; the weights are not.) Measured on an H200: Gemma 3 270M decode
+// +0.6 %, +2.3 % at depth 4000 (the norm's prologue alone). Word items are exact; other types
+// touch the same stretch of their rows. Only for interleaved teams (WORDS): the CPU adapters'
+// thread-per-row shape keeps its loads as they are.
 fn touch_w(g: u32, lane: u32, slot: u32) -> u32 {
 #ifdef ROWS
 #ifdef KS
@@ -635,6 +676,9 @@ fn matmul(
 #endif
 #ifdef X_PRENORM
     prenorm(lid, g);
+#endif
+#ifdef X_SPLIT
+    split_prologue(lid);
 #endif
 #ifdef GLU_WG
     glu_prologue(lid, p.x_offset + (g / p.row_groups) * NT * p.x_stride);

@@ -345,7 +345,7 @@ async fn prepared_at_two_positions(name: &str, p0: AttentionParams, cfg: SplitCo
         Query::Roped(&qb),
         &kb,
         &vb,
-        &out,
+        Some(&out),
         &scratch,
         &step.buffer,
         max_cells,
@@ -382,6 +382,175 @@ gpu_test!(
             ..params(3, 8, 2, 64, 0)
         },
         SplitConfig::new(64, 4, 1)
+    )
+);
+
+/// The o projection doing the reduce itself (`matmul::SplitX`, `X_SPLIT` in matmul.wgsl): one
+/// prepared partial without its reduce, then GEMVs of `rows x (n_head * head_dim)` whose every
+/// workgroup combines the chunks, in several GEMV shapes (thread-per-row, row teams with and
+/// without subgroups, several rows a team shared by teams, the engine's own) and weight types
+/// (those whose blocks divide the row),
+/// run at several step positions through a step buffer (chunks past a shorter run, and with a
+/// window chunks before a later one, hold stale partials of earlier runs), against W times the
+/// reference attention in f64. Misuse
+/// (heads that are not the GEMV's columns) is refused.
+async fn split_x(name: &str, p0: AttentionParams, cfg: SplitConfig, positions: &[u32], rows: u64) {
+    use cera_web::gguf::GgmlType;
+    use cera_web::ops::matmul::{self, MatmulConfig, SplitX};
+    use cera_web::quant::dequantize_to_vec;
+    use cera_web::quant::gpu::{synthetic_rows, upload_tensor};
+    let ctx = context().await;
+    let max_cells = *positions.iter().max().unwrap() as u64 + 1;
+    let (q, k, v) = inputs(&p0, max_cells as usize + 3, max_cells as usize);
+    let qb = ctx.storage_buffer("split q", bytemuck::cast_slice(&q));
+    let kb = ctx.storage_buffer("split k", bytemuck::cast_slice(&k));
+    let vb = ctx.storage_buffer("split v", bytemuck::cast_slice(&v));
+    let scratch = ctx
+        .empty_storage(
+            "split scratch",
+            attention_split::scratch_bytes(&p0, cfg, max_cells),
+        )
+        .unwrap();
+    let step = Step::new(&ctx, 1).unwrap();
+    let mut rec = Recorder::new(&ctx);
+    let partials = attention_split::prepare(
+        &mut rec,
+        cfg,
+        &p0,
+        Query::Roped(&qb),
+        &kb,
+        &vb,
+        None,
+        &scratch,
+        &step.buffer,
+        max_cells,
+    )
+    .unwrap();
+    let sx = SplitX {
+        scratch: &scratch,
+        step: &step.buffer,
+        partials,
+    };
+    let cols = (p0.n_head * p0.head_dim) as u64;
+    let teams = |tpr, nr, ks, subgroup| MatmulConfig {
+        w_vec4: nr > 1,
+        rows_per_team: nr,
+        k_split: ks,
+        subgroup,
+        ..MatmulConfig::team(256, tpr, 1)
+    };
+    let cases = [
+        (GgmlType::F32, Some(MatmulConfig::simple(1))),
+        (GgmlType::Q8_0, Some(teams(32, 1, 1, true))),
+        (GgmlType::Q4K, Some(teams(8, 2, 4, true))),
+        (GgmlType::Q6K, Some(teams(16, 1, 1, false))),
+        (GgmlType::Q5_0, None), // the engine's decode shape
+        (GgmlType::F16, Some(teams(8, 1, 1, false))),
+        (GgmlType::F32, None),
+    ];
+    let mut runs = Vec::new();
+    // (The types whose blocks divide a row.)
+    let whole = cases
+        .iter()
+        .filter(|(ty, _)| cols.is_multiple_of(ty.block_elems()));
+    for (i, &(ty, mcfg)) in whole.enumerate() {
+        let bytes = synthetic_rows(ty, cols, rows, 70 + i as u64);
+        let wf = dequantize_to_vec(ty, &bytes).unwrap();
+        let w =
+            upload_tensor(&ctx, "wo", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
+        let y = ctx.empty_storage("y", (rows + 3) * 4).unwrap();
+        let mcfg = mcfg.unwrap_or(MatmulConfig::gemv_for(&ctx, ty, rows, cols));
+        matmul::prepare_split_x(&mut rec, mcfg, &w, &sx, &y, 3, None).unwrap();
+        runs.push((ty, mcfg, wf, y));
+    }
+    let prepared = rec.finish();
+    let mut worst = 0f64;
+    for &pos in positions {
+        step.write(&ctx, pos, &[0]);
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        prepared.encode(&ctx, &mut enc);
+        ctx.queue.submit([enc.finish()]);
+        let att = attention::reference(&AttentionParams { pos0: pos, ..p0 }, &q, &k, &v);
+        for (ty, mcfg, wf, y) in &runs {
+            let got = read_f32(&ctx, y, 12, rows as usize).await.unwrap();
+            for (r, &g) in got.iter().enumerate() {
+                let wr = &wf[r * cols as usize..][..cols as usize];
+                let want: f64 = wr
+                    .iter()
+                    .zip(&att)
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum();
+                // The attention's own tolerance carried through |W|, plus the product's rounding.
+                let tol: f64 = wr
+                    .iter()
+                    .zip(&att)
+                    .map(|(&a, &b)| a.abs() as f64 * (ATOL as f64 + 1e-6 * (b as f64).abs()))
+                    .sum();
+                let err = (g as f64 - want).abs();
+                assert!(
+                    err <= tol,
+                    "{name} {ty} {mcfg} at position {pos}: y[{r}] = {g}, want {want} (|err| {err:e} > {tol:e})"
+                );
+                worst = worst.max(err / tol.max(1e-30));
+            }
+        }
+    }
+    tlog!("{name}: worst error {worst:.2} of the tolerance");
+    // Heads that are not the GEMV's columns.
+    let w = upload_tensor(
+        &ctx,
+        "wrong",
+        GgmlType::F32,
+        cols + 4,
+        2,
+        &vec![0; (cols as usize + 4) * 8],
+        ctx.limits.max_binding(),
+    )
+    .unwrap();
+    let y = ctx.empty_storage("y", 64).unwrap();
+    let mut rec = Recorder::new(&ctx);
+    let e = matmul::prepare_split_x(&mut rec, MatmulConfig::simple(1), &w, &sx, &y, 0, None)
+        .unwrap_err()
+        .message;
+    assert!(e.contains("are not the"), "{e}");
+}
+// Gemma 3's heads (4 x 256, one KV head) in the engine's shape: 19 chunks, then 3, then 16.
+gpu_test!(
+    split_x_gemma_heads,
+    split_x(
+        "split_x_gemma_heads",
+        gemma(1, 0, 0),
+        SplitConfig::new(256, 16, 16),
+        &[299, 37, 250],
+        37
+    )
+);
+// Heads of 12 (3 vec4s), 3 of them; a window of 40 that masks whole chunks and starts
+// mid-chunk (at 299 chunks 0-2 hold the run at 45's partials; at 100 chunks 16-18 hold 299's);
+// position 0 (one cell).
+gpu_test!(
+    split_x_window_hd12,
+    split_x(
+        "split_x_window_hd12",
+        AttentionParams {
+            window: 40,
+            ..params(1, 3, 1, 12, 0)
+        },
+        SplitConfig::new(64, 16, 4),
+        &[45, 299, 100, 0],
+        50
+    )
+);
+// Many small chunks (4 cells: 38 chunks a head, not a multiple of the four a step), heads of
+// 80 (20 vec4s), GQA.
+gpu_test!(
+    split_x_many_chunks_hd80,
+    split_x(
+        "split_x_many_chunks_hd80",
+        params(1, 4, 2, 80, 0),
+        SplitConfig::new(64, 4, 1),
+        &[150, 3, 77],
+        5
     )
 );
 
@@ -442,7 +611,7 @@ async fn bad_arguments() {
         Query::Roped(&buf),
         &buf,
         &buf,
-        &out,
+        Some(&out),
         &scratch,
         ctx.zero_step(),
         4,
@@ -457,7 +626,7 @@ async fn bad_arguments() {
         Query::Roped(&buf),
         &buf,
         &buf,
-        &out,
+        Some(&out),
         &out,
         ctx.zero_step(),
         4,
@@ -718,7 +887,7 @@ async fn check_fresh(name: &str, shapes: &[SplitConfig], c: FreshCase, positions
             Query::Fresh(&f),
             &kb,
             &vb,
-            &out,
+            Some(&out),
             &scratch,
             &step.buffer,
             n_ctx as u64,
@@ -870,7 +1039,7 @@ gpu_test!(fresh_refuses_what_it_cannot_run, async {
             Query::Fresh(f),
             &kc,
             &vc,
-            out,
+            Some(out),
             &scratch,
             ctx.zero_step(),
             4,

@@ -245,6 +245,38 @@ async fn long_split(name: &str) {
 gpu_test!(llama_f32_long_split_attention, long_split("llama-F32"));
 gpu_test!(gemma3_f32_long_split_attention, long_split("gemma3-F32"));
 
+/// A decode plan whose split attention has few chunks leaves the reduce to the o projections
+/// (`matmul::SplitX`: one dispatch a layer fewer), a long one keeps the reduce dispatch. Their
+/// logits are checked above: `check`'s split case runs plans of at most 24 cells, `long_split`
+/// plans past 2080 (more chunks than an o projection combines).
+async fn fused_reduce_plans(name: &str) {
+    let manifest: serde_json::Value = serde_json::from_str(MANIFEST).unwrap();
+    let (ctx, mut model) = load(&manifest["models"][name]).await;
+    model.split_attention = Some(true);
+    let kv = model.new_kv_cache(&ctx, 4096).unwrap();
+    let ws = model.workspace(&ctx, 1, 1).unwrap();
+    let count = |cells| {
+        model
+            .plan(&ctx, &ws, &kv, 1, LogitRows::Last, cells)
+            .unwrap()
+            .dispatches()
+    };
+    let (short, long) = (count(24), count(4096));
+    assert_eq!(
+        long - short,
+        model.hp.n_layer as usize,
+        "{name}: {short} dispatches at 24 cells, {long} at 4096"
+    );
+}
+gpu_test!(
+    llama_f32_fused_reduce_plans,
+    fused_reduce_plans("llama-F32")
+);
+gpu_test!(
+    gemma3_f32_fused_reduce_plans,
+    fused_reduce_plans("gemma3-F32")
+);
+
 macro_rules! synthetic {
     ($($test:ident => $name:literal),* $(,)?) => {
         $(gpu_test!($test, check($name));)*

@@ -341,11 +341,15 @@ impl Session {
     ///
     /// On a CPU-emulated adapter the attention kernel's shape depends on how many cells it walks
     /// (lavapipe's loop limit, `ops::attention`), so plans there cover powers of two of cells;
-    /// elsewhere one plan per batch size covers the whole context.
+    /// elsewhere one plan per batch size covers the whole context, and decode also has a short
+    /// plan for its first cells, which needs no attention reduce ([`Model::short_plan_cells`]).
     fn plan_for(&mut self, n: u32, end: u32) -> Result<usize> {
         let n_ctx = self.kv.n_ctx();
+        let short = self.model.short_plan_cells(&self.ctx);
         let cells = if crate::ops::matmul::is_cpu_adapter(&self.ctx) {
             end.next_power_of_two().max(256).min(n_ctx)
+        } else if n == 1 && end <= short {
+            short.min(n_ctx)
         } else {
             n_ctx
         };

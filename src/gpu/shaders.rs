@@ -22,6 +22,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../../shaders/rope_decls.tmpl"),
     ),
     (
+        "split_decls.tmpl",
+        include_str!("../../shaders/split_decls.tmpl"),
+    ),
+    (
         "act_decls.tmpl",
         include_str!("../../shaders/act_decls.tmpl"),
     ),

@@ -575,6 +575,17 @@ impl Model {
     /// Prepare the forward pass of a batch of `n` tokens once: every dispatch with its bind group,
     /// for the workspace and cache given (which do not move). Positions come from the workspace's
     /// step buffer at run time; `max_cells` bounds `pos0 + n` over the plan's life.
+    /// Cells of the short decode plan a session makes for its first positions (0: none): a plan
+    /// of at most this many cells has its o projections do the split attention's reduce
+    /// ([`kernels::split_x_cells`]), one dispatch a layer fewer than the plan for the whole
+    /// context.
+    pub fn short_plan_cells(&self, ctx: &GpuContext) -> u32 {
+        if self.split_attention == Some(false) {
+            return 0;
+        }
+        kernels::split_x_cells(ctx, &self.hp)
+    }
+
     pub fn plan(
         &self,
         ctx: &GpuContext,
@@ -752,17 +763,31 @@ impl Model {
             // the step's positions                                                one dispatch
             // Attention over the cache (causal, sliding window on SWA layers).     (n, q_dim)
             // Decode on the split kernel does the line above in its first dispatch.
+            // (Few chunks: the o projection does the reduce, below.)
             let qk_norm = layer.qk_norm.as_ref().map(|w| (w, hp.rms_eps));
             let window = if hp.is_swa(l as u32) {
                 hp.sliding_window
             } else {
                 0
             };
+            let o_w = self.w(&layer.o);
+            let fused = split
+                .as_ref()
+                .filter(|s| s.fresh && s.fused_reduce && kernels::split_x_fits(ctx, o_w, link));
+            let mut split_x = None;
             match split.as_ref().filter(|s| s.fresh) {
-                Some(s) => kernels::attention_fresh(
-                    &mut rec, rope_table, hp, ws, kv, l, qk_norm, &ws.att, window, step, max_cells,
-                    s,
-                )?,
+                Some(s) => {
+                    let out = fused.is_none().then_some(&ws.att);
+                    let partials = kernels::attention_fresh(
+                        &mut rec, rope_table, hp, ws, kv, l, qk_norm, out, window, step, max_cells,
+                        s,
+                    )?;
+                    split_x = fused.map(|s| matmul::SplitX {
+                        scratch: &s.scratch,
+                        step,
+                        partials,
+                    });
+                }
                 None => {
                     kernels::qk_rope(&mut rec, rope_table, hp, ws, kv, l, n, qk_norm, step)?;
                     kernels::attention(
@@ -808,14 +833,21 @@ impl Model {
             }
             if !link {
                 // o = att W_o (a linked plan adds it to x in the projection's epilogue, below)
-                kernels::matmul(&mut rec, self.w(&layer.o), &ws.att, &ws.o, n)?;
+                match &split_x {
+                    Some(sx) => {
+                        kernels::gemv_split_x(&mut rec, o_w, sx, &ws.o, None)?;
+                    }
+                    None => kernels::matmul(&mut rec, o_w, &ws.att, &ws.o, n)?,
+                }
             }
             let post = layer.post_attn_norm.as_ref().map(|w| self.w(w));
             if link {
                 // x += o W_o * residual_scale;  h = norm(x) (its scale in gate/up)
                 let epi = res_norm(self.w(&layer.ffn_norm));
-                ss_count =
-                    kernels::gemv_epilogue(&mut rec, self.w(&layer.o), &ws.att, &ws.x, 0, &epi)?;
+                ss_count = match &split_x {
+                    Some(sx) => kernels::gemv_split_x(&mut rec, o_w, sx, &ws.x, Some(&epi))?,
+                    None => kernels::gemv_epilogue(&mut rec, o_w, &ws.att, &ws.x, 0, &epi)?,
+                };
             } else if fold_ffn {
                 // x += post_norm(o) * residual_scale;  h = norm(x), in the gate/up projections
                 let pre = matmul::PreNorm {

@@ -171,8 +171,10 @@ pub fn qk_rope(
 
 /// [`qk_rope`] and the split [`attention`] of one token in the attention's dispatches: the
 /// partial norms and ropes q and k from the projections' output `ws.qkv` and writes k and v into
-/// the cache of layer `l` itself (`attention_split::Query::Fresh`). `out (1, n_head,
-/// head_dim)`; `split` as [`split_attention`] made it, with `fresh` set.
+/// the cache of layer `l` itself (`attention_split::Query::Fresh`). With `out (1, n_head,
+/// head_dim)` the reduce writes it; without, the chunks stay in the scratch for the o
+/// projection ([`matmul::SplitX`], where `split.fused_reduce`). `split` as [`split_attention`]
+/// made it, with `fresh` set. Returns where the partials are.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_fresh(
     rec: &mut Recorder,
@@ -182,12 +184,12 @@ pub fn attention_fresh(
     kv: &KvCache,
     layer: usize,
     norm: Option<(&wgpu::Buffer, f32)>,
-    out: &wgpu::Buffer,
+    out: Option<&wgpu::Buffer>,
     window: u32,
     step: &wgpu::Buffer,
     max_cells: u32,
     split: &SplitAttention,
-) -> Result<()> {
+) -> Result<attention_split::Partials> {
     let (qd, kvd) = (hp.q_proj_dim() as u64, hp.kv_dim() as u64);
     let f = attention_split::Fresh {
         src: &ws.qkv,
@@ -238,11 +240,12 @@ pub fn attention(
             attention_split::Query::Roped(q),
             k_cache,
             v_cache,
-            out,
+            Some(out),
             &s.scratch,
             step,
             max_cells as u64,
-        ),
+        )
+        .map(|_| ()),
         None => {
             let cfg = attention::AttentionConfig::for_device(rec.ctx);
             attention::prepare(
@@ -284,6 +287,33 @@ pub struct SplitAttention {
     /// The partial does `qk_rope`'s work itself: where the device fits the fused partial's shape.
     /// `CERA_FRESH_ATTN=0` (native) keeps `qk_rope` and the plain partial, to compare.
     pub fresh: bool,
+    /// (With `fresh`.) No reduce dispatch: the o projection combines the chunks itself
+    /// ([`matmul::SplitX`]), which every one of its workgroups repeats, so only where the plan's
+    /// chunks are few ([`split_x_cells`]) and heads are vec4s.
+    pub fused_reduce: bool,
+}
+
+/// The most (head, chunk) pairs a decode step's o projection combines itself
+/// ([`SplitAttention::fused_reduce`]): each of its workgroups reads that many heads of
+/// partials. Measured on an H200 with Gemma 3 270M (4 heads, chunks of 16 cells): see
+/// docs/dispatch.md. Native builds read `CERA_SPLIT_X_MAX` instead when it is set (0: never).
+pub const SPLIT_X_MAX_CHUNKS: u64 = 128;
+
+fn split_x_max_chunks() -> u64 {
+    crate::gpu::knob::knob_u64("CERA_SPLIT_X_MAX").unwrap_or(SPLIT_X_MAX_CHUNKS)
+}
+
+/// The most cells a decode plan on this device may span for its o projections to do the
+/// attention's reduce ([`SplitAttention::fused_reduce`]), or 0 where they never do (CPU adapters,
+/// which keep the one-workgroup-per-head attention, heads not vec4s, gated attention).
+/// Sessions size their first decode plan to it, so short contexts run without the reduces.
+pub fn split_x_cells(ctx: &GpuContext, hp: &HParams) -> u32 {
+    if matmul::is_cpu_adapter(ctx) || hp.attn_gate || !hp.head_dim.is_multiple_of(4) {
+        return 0;
+    }
+    let chunk = attention_split::SplitConfig::for_device(ctx).chunk as u64;
+    let cells = split_x_max_chunks() / (hp.n_head as u64).max(1) * chunk;
+    cells.min(u32::MAX as u64) as u32
 }
 
 /// The split attention kernel for a plan of `n` tokens over at most `max_cells` cells, or `None`
@@ -307,11 +337,17 @@ pub fn split_attention(
     }
     let cfg = attention_split::SplitConfig::for_device(ctx);
     let bytes = attention_split::scratch_bytes(&attention_params(hp, n, 0), cfg, max_cells as u64);
+    let fresh = crate::gpu::knob::knob("CERA_FRESH_ATTN").as_deref() != Some("0")
+        && attention_split::fresh_config(ctx, cfg, hp.head_dim).is_ok();
+    let chunks = hp.n_head as u64 * (max_cells as u64).div_ceil(cfg.chunk.max(1) as u64);
     Ok(Some(SplitAttention {
         cfg,
         scratch: ctx.empty_storage("attention split scratch", bytes)?,
-        fresh: crate::gpu::knob::knob("CERA_FRESH_ATTN").as_deref() != Some("0")
-            && attention_split::fresh_config(ctx, cfg, hp.head_dim).is_ok(),
+        fresh,
+        fused_reduce: fresh
+            && !hp.attn_gate
+            && hp.head_dim.is_multiple_of(4)
+            && chunks <= split_x_max_chunks(),
     }))
 }
 
@@ -383,6 +419,27 @@ pub fn gemv_epilogue(
 ) -> Result<u64> {
     let cfg = matmul::MatmulConfig::gemv_for(rec.ctx, w.ty, w.rows, w.cols);
     matmul::prepare_epilogue(rec, cfg, w, x, 0, None, y, y_off, epi)
+}
+
+/// Whether a decode o projection `w` can take the attention's chunks itself
+/// ([`matmul::SplitX`]) in the engine's GEMV shape, with an epilogue (`epilogue`) or not.
+pub fn split_x_fits(ctx: &GpuContext, w: &GpuTensor, epilogue: bool) -> bool {
+    let cfg = matmul::MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols);
+    matmul::split_x_fits(ctx, cfg, w.cols, epilogue)
+}
+
+/// One token's `y = W x` in the engine's GEMV shape with x the attention output a split
+/// attention left as chunks (`sx`), with an optional epilogue; returns the sums of squares a
+/// [`matmul::ResNorm`] wrote.
+pub fn gemv_split_x(
+    rec: &mut Recorder,
+    w: &GpuTensor,
+    sx: &matmul::SplitX,
+    y: &wgpu::Buffer,
+    epi: Option<&matmul::Epilogue>,
+) -> Result<u64> {
+    let cfg = matmul::MatmulConfig::gemv_for(rec.ctx, w.ty, w.rows, w.cols);
+    matmul::prepare_split_x(rec, cfg, w, sx, y, 0, epi)
 }
 
 /// The producer's epilogue of a linked plan ([`matmul::ResNorm`]): the projection adds

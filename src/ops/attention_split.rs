@@ -348,7 +348,7 @@ pub fn encode(
         Query::Roped(q),
         k_cache,
         v_cache,
-        out,
+        Some(out),
         &scratch,
         ctx.zero_step(),
         p.n_cells(),
@@ -356,10 +356,29 @@ pub fn encode(
     rec.encode(encoder)
 }
 
-/// Prepare the two dispatches (partial, then reduce). Token `t` sits at position
-/// `step.pos0 + p.pos0 + t`, with `step` a [`crate::gpu::Step`] buffer read when the dispatches
-/// run; `max_cells` bounds the cells any run attends to (the partial grid covers it, and the
-/// caches and `scratch` must hold it: [`scratch_bytes`]).
+/// Where the partial left its chunks for a consumer that does the reduce itself (`matmul.wgsl`'s
+/// `X_SPLIT`, [`crate::ops::matmul::SplitX`]): the scratch layout above and the numbers that
+/// say which chunks a step wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Partials {
+    pub n_tokens: u32,
+    pub n_head: u32,
+    pub head_dim: u32,
+    /// Cells a chunk (`CHUNK`) and chunks a (token, head) in the scratch.
+    pub chunk: u32,
+    pub n_chunks: u32,
+    pub window: u32,
+    /// Added to the step's `pos0`: the position of token 0.
+    pub pos0: u32,
+    /// The scratch holds vec4s (else vec2s).
+    pub vec4: bool,
+}
+
+/// Prepare the partial and, with `out`, the reduce into it; without, the chunks stay in
+/// `scratch` for a consumer that combines them ([`Partials`], which is returned either way).
+/// Token `t` sits at position `step.pos0 + p.pos0 + t`, with `step` a [`crate::gpu::Step`]
+/// buffer read when the dispatches run; `max_cells` bounds the cells any run attends to (the
+/// partial grid covers it, and the caches and `scratch` must hold it: [`scratch_bytes`]).
 ///
 /// - `scratch`: at least [`scratch_bytes`]`(p, cfg, max_cells)` bytes, bound to nothing else
 /// - `q`: roped, or fresh from the projections ([`Query`]).
@@ -371,26 +390,23 @@ pub fn prepare(
     q: Query,
     k_cache: &wgpu::Buffer,
     v_cache: &wgpu::Buffer,
-    out: &wgpu::Buffer,
+    out: Option<&wgpu::Buffer>,
     scratch: &wgpu::Buffer,
     step: &wgpu::Buffer,
     max_cells: u64,
-) -> Result<()> {
+) -> Result<Partials> {
     let (q, fresh) = match q {
         Query::Roped(q) => (q, None),
         Query::Fresh(f) => (f.src, Some(f)),
     };
     let ctx = rec.ctx;
     p.validate()?;
-    if p.n_tokens == 0 {
-        return Ok(());
-    }
     let bad = |m: String| Err(Error::invalid(format!("attention_split: {m}")));
-    if q == out {
+    if out == Some(q) {
         return bad("out must be a buffer other than q".into());
     }
     // Dawn rejects a buffer bound twice in one dispatch when either binding is writable.
-    if [q, k_cache, v_cache, out].contains(&scratch) {
+    if [q, k_cache, v_cache].contains(&scratch) || out == Some(scratch) {
         return bad("scratch must be a buffer of its own".into());
     }
     let max_cells = max_cells.max(p.n_cells());
@@ -399,18 +415,19 @@ pub fn prepare(
     let need_scratch = scratch_bytes(p, cfg, max_cells);
     let q_need = match fresh {
         Some(f) => {
-            check_fresh(p, f, [k_cache, v_cache, out])?;
+            check_fresh(p, f, [Some(k_cache), Some(v_cache), out])?;
             p.n_tokens as u64 * f.stride * 4
         }
         None => rows + p.q_offset as u64 * 4,
     };
     for (what, buf, need) in [
-        ("q", q, q_need),
+        ("q", Some(q), q_need),
         ("out", out, rows + p.out_offset as u64 * 4),
-        ("k_cache", k_cache, cache),
-        ("v_cache", v_cache, cache),
-        ("scratch", scratch, need_scratch),
+        ("k_cache", Some(k_cache), cache),
+        ("v_cache", Some(v_cache), cache),
+        ("scratch", Some(scratch), need_scratch),
     ] {
+        let Some(buf) = buf else { continue };
         if buf.size() < need {
             return bad(format!(
                 "{what} holds {} bytes, {need} are needed ({max_cells} cells, {} tokens)",
@@ -429,7 +446,6 @@ pub fn prepare(
     let cfg = cfg.fit_for(ctx, p.head_dim, vec4, fresh.is_some())?;
     let fresh_key = fresh.map(|f| (p.head_dim, f.norm.is_some()));
     let partial = ctx.pipeline(&key_fresh(cfg, vec4, ENTRY_PARTIAL, fresh_key))?;
-    let reduce = ctx.pipeline(&key(cfg, vec4, ENTRY_REDUCE))?;
     let chunk = chunk_of(&partial)? as u64;
     let n_chunks = max_cells.div_ceil(chunk);
     let pairs = p.n_tokens as u64 * p.n_head as u64;
@@ -439,6 +455,19 @@ pub fn prepare(
         return bad(format!(
             "{pairs} (token, head) pairs over {max_cells} cells pass u32 indexing"
         ));
+    }
+    let partials = Partials {
+        n_tokens: p.n_tokens,
+        n_head: p.n_head,
+        head_dim: p.head_dim,
+        chunk: chunk as u32,
+        n_chunks: n_chunks as u32,
+        window: p.window,
+        pos0: p.pos0,
+        vec4,
+    };
+    if p.n_tokens == 0 {
+        return Ok(partials);
     }
     let params = SplitParams {
         n_tokens: p.n_tokens,
@@ -499,23 +528,26 @@ pub fn prepare(
         &entries,
         grid_2d(pairs * n_chunks, max_dim)?,
     );
-    rec.push(
-        "attention",
-        &reduce,
-        &[
-            buffer_entry(0, &ubuf),
-            buffer_entry(4, scratch),
-            buffer_entry(5, out),
-            buffer_entry(6, step),
-        ],
-        grid_2d(pairs, max_dim)?,
-    );
-    Ok(())
+    if let Some(out) = out {
+        let reduce = ctx.pipeline(&key(cfg, vec4, ENTRY_REDUCE))?;
+        rec.push(
+            "attention",
+            &reduce,
+            &[
+                buffer_entry(0, &ubuf),
+                buffer_entry(4, scratch),
+                buffer_entry(5, out),
+                buffer_entry(6, step),
+            ],
+            grid_2d(pairs, max_dim)?,
+        );
+    }
+    Ok(partials)
 }
 
 /// [`Query::Fresh`]'s own checks: one token, the rope's head size, the columns within a row
 /// and even (vec2 loads), the norm's weights, and buffers it writes other than its source.
-fn check_fresh(p: &AttentionParams, f: &Fresh, written: [&wgpu::Buffer; 3]) -> Result<()> {
+fn check_fresh(p: &AttentionParams, f: &Fresh, written: [Option<&wgpu::Buffer>; 3]) -> Result<()> {
     let bad = |m: String| {
         Err(Error::invalid(format!(
             "attention_split (fresh q/k/v): {m}"
@@ -558,7 +590,7 @@ fn check_fresh(p: &AttentionParams, f: &Fresh, written: [&wgpu::Buffer; 3]) -> R
             ));
         }
     }
-    if written.contains(&f.src) {
+    if written.contains(&Some(f.src)) {
         return bad("the source must be a buffer the dispatch does not write".into());
     }
     Ok(())

@@ -25,6 +25,7 @@
 
 use std::mem::offset_of;
 
+use super::attention_split::Partials;
 use super::glu::Activation;
 use super::{Variant, WgslParams};
 use crate::error::{Error, ErrorCode, Result};
@@ -82,6 +83,12 @@ pub struct MatmulParams {
     pub ss_offset: u32,
     /// `Y_NORMSCALE`: how many sums of squares the producer wrote.
     pub ss_count: u32,
+    /// `X_SPLIT` ([`SplitX`]): vec4s a head, the scratch's chunks a head, the attention's
+    /// window and the token's position after the step's `pos0`.
+    pub sp_nv: u32,
+    pub sp_chunks: u32,
+    pub sp_window: u32,
+    pub sp_pos0: u32,
 }
 
 impl WgslParams for MatmulParams {
@@ -103,6 +110,10 @@ impl WgslParams for MatmulParams {
         ("pre_scale", offset_of!(MatmulParams, pre_scale)),
         ("ss_offset", offset_of!(MatmulParams, ss_offset)),
         ("ss_count", offset_of!(MatmulParams, ss_count)),
+        ("sp_nv", offset_of!(MatmulParams, sp_nv)),
+        ("sp_chunks", offset_of!(MatmulParams, sp_chunks)),
+        ("sp_window", offset_of!(MatmulParams, sp_window)),
+        ("sp_pos0", offset_of!(MatmulParams, sp_pos0)),
     ];
 }
 
@@ -679,6 +690,27 @@ pub fn variants() -> Vec<Variant> {
                 }
             }
         }
+        // X reduced from a split attention's partials (decode), plain and with the producer's
+        // epilogue, thread-per-row and row teams (several rows a team, with and without
+        // subgroups).
+        for cfg in [
+            MatmulConfig::simple(1),
+            MatmulConfig::team(256, 32, 1),
+            MatmulConfig {
+                w_vec4: true,
+                rows_per_team: 2,
+                k_split: 4,
+                ..MatmulConfig::team(256, 8, 1)
+            },
+            MatmulConfig {
+                subgroup: false,
+                ..MatmulConfig::team(256, 16, 1)
+            },
+        ] {
+            let k = key_split(ty, cfg, 1024, 16).expect("listed");
+            v.push(k.clone().into());
+            v.push(k.define("Y_RESNORM", "").into());
+        }
     }
     v
 }
@@ -975,7 +1007,7 @@ fn prepare_with(
     glu: Option<(&wgpu::Buffer, u64, Activation)>,
     n_tokens: u32,
 ) -> Result<()> {
-    prepare_full(rec, cfg, w, io, glu, None, None, n_tokens).map(|_| ())
+    prepare_full(rec, cfg, w, io, glu, Prologue::None, None, n_tokens).map(|_| ())
 }
 
 /// X of a decode GEMV computed by its own workgroups (`X_PRENORM` in `matmul.wgsl`):
@@ -1118,7 +1150,7 @@ pub fn prepare_prenorm_as(
         y_offset,
         y_stride: w.rows,
     };
-    prepare_full(rec, cfg, w, &io, None, Some(pre), None, 1).map(|_| ())
+    prepare_full(rec, cfg, w, &io, None, Prologue::Norm(pre), None, 1).map(|_| ())
 }
 
 /// The pipeline key of a prologue-normed GEMV over `cols` values: with a residual add, and
@@ -1141,6 +1173,105 @@ pub fn key_prenorm(
         }
     }
     Ok(k)
+}
+
+/// What computes a GEMV's X inside its workgroups, if anything.
+#[derive(Clone, Copy)]
+enum Prologue<'a> {
+    None,
+    Norm(&'a PreNorm<'a>),
+    Split(&'a SplitX<'a>),
+}
+
+/// X of a decode GEMV that a split attention's partial left as chunks
+/// ([`crate::ops::attention_split::prepare`] without `out`): every workgroup does the reduce
+/// itself (`X_SPLIT` in `matmul.wgsl`), so the attention needs no reduce dispatch. X is the
+/// token's heads side by side: the GEMV's cols are `n_head * head_dim`.
+pub struct SplitX<'a> {
+    /// The partials' scratch and the step buffer the partial read its position from.
+    pub scratch: &'a wgpu::Buffer,
+    pub step: &'a wgpu::Buffer,
+    pub partials: Partials,
+}
+
+/// Whether a decode GEMV of `cols` in shape `cfg` can take its X from a [`SplitX`] on this
+/// device: one token, X in workgroup memory beside the teams' reduction (and with an epilogue,
+/// its sum: `epilogue`).
+pub fn split_x_fits(ctx: &GpuContext, cfg: MatmulConfig, cols: u64, epilogue: bool) -> bool {
+    let cfg = cfg.fit(ctx);
+    let sum = if epilogue {
+        cfg.workgroup_size as u64 * 4
+    } else {
+        0
+    };
+    cols.is_multiple_of(4)
+        && cfg.tokens_per_thread == 1
+        && cols * 4 + sum + team_red_bytes(cfg) + ks_bytes(cfg)
+            <= ctx.limits.max_compute_workgroup_storage_size as u64
+}
+
+/// The pipeline key of a GEMV over `cols` values whose X is a split attention's reduce, the
+/// partial's chunks `chunk` cells.
+pub fn key_split(ty: GgmlType, cfg: MatmulConfig, cols: u64, chunk: u32) -> Result<PipelineKey> {
+    Ok(key(ty, cfg)?
+        .define("X_SPLIT", "")
+        .define("X_WG", "")
+        .define("XW4", format!("{}u", cols / 4))
+        .define("SP_CHUNK", format!("{chunk}u")))
+}
+
+/// One token's `y = W x` with `x` the attention output a split attention's partial left in
+/// `sx` (see [`SplitX`]), into `y` from `y_offset`, in shape `cfg` (the engine's:
+/// [`MatmulConfig::gemv_for`]), with an optional [`Epilogue`] (as [`prepare_epilogue`]).
+/// Returns the sums of squares a [`ResNorm`] wrote (0 otherwise).
+pub fn prepare_split_x(
+    rec: &mut Recorder,
+    cfg: MatmulConfig,
+    w: &GpuTensor,
+    sx: &SplitX,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    epi: Option<&Epilogue>,
+) -> Result<u64> {
+    let bad = |what: String| Err(Error::invalid(format!("matmul {}: {what}", w.name)));
+    let pt = &sx.partials;
+    if pt.n_tokens != 1 || !pt.vec4 || pt.head_dim == 0 || !pt.head_dim.is_multiple_of(4) {
+        return bad(format!(
+            "partials of {} tokens, heads of {} (vec4: {}): one token in vec4 heads only",
+            pt.n_tokens, pt.head_dim, pt.vec4
+        ));
+    }
+    if pt.n_head as u64 * pt.head_dim as u64 != w.cols {
+        return bad(format!(
+            "{} heads of {} are not the {} cols",
+            pt.n_head, pt.head_dim, w.cols
+        ));
+    }
+    let need = pt.n_head as u64 * pt.n_chunks as u64 * (pt.head_dim as u64 + 4) * 4;
+    if sx.scratch.size() < need || sx.scratch == y {
+        return bad(format!(
+            "the partials' scratch holds {} bytes, {need} are needed (and it is not y)",
+            sx.scratch.size()
+        ));
+    }
+    if !split_x_fits(rec.ctx, cfg, w.cols, epi.is_some()) {
+        return bad(format!(
+            "an X of {} values does not fit this device's workgroup memory",
+            w.cols
+        ));
+    }
+    if let Some(epi) = epi {
+        check_epilogue(rec.ctx, cfg, w, sx.scratch, y, y_offset, epi)?;
+    }
+    let io = Io {
+        x: sx.scratch,
+        x_offset: 0,
+        x_stride: w.cols,
+        y,
+        y_offset,
+        y_stride: w.rows,
+    };
+    prepare_full(rec, cfg, w, &io, None, Prologue::Split(sx), epi, 1)
 }
 
 /// A decode GEMV's epilogue that carries an RMS norm from one projection to the next without
@@ -1218,16 +1349,51 @@ pub fn prepare_epilogue(
     y_offset: u64,
     epi: &Epilogue,
 ) -> Result<u64> {
+    check_epilogue(rec.ctx, cfg, w, x, y, y_offset, epi)?;
     let bad = |what: String| Err(Error::invalid(format!("matmul {}: {what}", w.name)));
-    if cfg.fit(rec.ctx).tokens_per_thread != 1 {
+    let (x_stride, glu) = match glu {
+        Some((delta, act)) => {
+            if delta < w.cols {
+                return bad(format!(
+                    "up {delta} elements after gate overlaps its {}",
+                    w.cols
+                ));
+            }
+            (delta + w.cols, Some((x, delta, act)))
+        }
+        None => (w.cols, None),
+    };
+    let io = Io {
+        x,
+        x_offset,
+        x_stride,
+        y,
+        y_offset,
+        y_stride: w.rows,
+    };
+    prepare_full(rec, cfg, w, &io, glu, Prologue::None, Some(epi), 1)
+}
+
+/// [`prepare_epilogue`]'s checks of `epi` on a GEMV of `w` in shape `cfg` reading `x`.
+fn check_epilogue(
+    ctx: &GpuContext,
+    cfg: MatmulConfig,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    epi: &Epilogue,
+) -> Result<()> {
+    let bad = |what: String| Err(Error::invalid(format!("matmul {}: {what}", w.name)));
+    if cfg.fit(ctx).tokens_per_thread != 1 {
         return bad("a norm epilogue needs the one-token (GEMV) shape".into());
     }
-    if !epilogue_fits(rec.ctx) {
+    if !epilogue_fits(ctx) {
         return bad("this device binds too few storage buffers for a norm epilogue".into());
     }
-    let fitted = cfg.fit(rec.ctx).for_w(w.ty, w.cols);
+    let fitted = cfg.fit(ctx).for_w(w.ty, w.cols);
     let shared = fitted.workgroup_size as u64 * 4 + team_red_bytes(fitted) + ks_bytes(fitted);
-    if shared > rec.ctx.limits.max_compute_workgroup_storage_size as u64 {
+    if shared > ctx.limits.max_compute_workgroup_storage_size as u64 {
         return bad(format!(
             "a norm epilogue in shape {fitted} needs {shared} bytes of workgroup memory"
         ));
@@ -1247,7 +1413,7 @@ pub fn prepare_epilogue(
             if y_offset != 0 {
                 return bad("the residual stream starts at element 0".into());
             }
-            let ss_bytes = resnorm_partials(rec.ctx, cfg, w) * 4;
+            let ss_bytes = resnorm_partials(ctx, cfg, w) * 4;
             if rn.h == y || rn.h == x || rn.ss == y || rn.ss == x || rn.ss == rn.h {
                 return bad("the residual, h, the sums and x must be distinct buffers".into());
             }
@@ -1273,27 +1439,7 @@ pub fn prepare_epilogue(
             }
         }
     }
-    let (x_stride, glu) = match glu {
-        Some((delta, act)) => {
-            if delta < w.cols {
-                return bad(format!(
-                    "up {delta} elements after gate overlaps its {}",
-                    w.cols
-                ));
-            }
-            (delta + w.cols, Some((x, delta, act)))
-        }
-        None => (w.cols, None),
-    };
-    let io = Io {
-        x,
-        x_offset,
-        x_stride,
-        y,
-        y_offset,
-        y_stride: w.rows,
-    };
-    prepare_full(rec, cfg, w, &io, glu, None, Some(epi), 1)
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1303,7 +1449,7 @@ fn prepare_full(
     w: &GpuTensor,
     io: &Io,
     glu: Option<(&wgpu::Buffer, u64, Activation)>,
-    pre: Option<&PreNorm>,
+    prologue: Prologue,
     epi: Option<&Epilogue>,
     n_tokens: u32,
 ) -> Result<u64> {
@@ -1319,9 +1465,20 @@ fn prepare_full(
     let ctx = rec.ctx;
     let delta = glu.map_or(0, |g| g.1);
     let mut cfg = cfg.fit(ctx).for_x(io.x_offset, w.cols).for_w(w.ty, w.cols);
-    cfg.x_vec4 &= io.x_stride.is_multiple_of(4) && delta.is_multiple_of(4) && pre.is_none();
-    let key = match pre {
-        Some(pre) => {
+    cfg.x_vec4 &= io.x_stride.is_multiple_of(4)
+        && delta.is_multiple_of(4)
+        && matches!(prologue, Prologue::None);
+    let pre = match prologue {
+        Prologue::Norm(pre) => Some(pre),
+        _ => None,
+    };
+    let split = match prologue {
+        Prologue::Split(sx) => Some(sx),
+        _ => None,
+    };
+    let key = match prologue {
+        Prologue::Split(sx) => key_split(w.ty, cfg, w.cols, sx.partials.chunk)?,
+        Prologue::Norm(pre) => {
             let add = pre.add.as_ref();
             key_prenorm(
                 w.ty,
@@ -1331,7 +1488,7 @@ fn prepare_full(
                 add.is_some_and(|a| a.add_norm.is_some()),
             )?
         }
-        None => match glu {
+        Prologue::None => match glu {
             Some((_, _, act)) => {
                 let rpw = cfg.rows_per_workgroup() as u64;
                 let workgroups: u64 = w.parts.iter().map(|p| p.rows.div_ceil(rpw)).sum();
@@ -1409,15 +1566,23 @@ fn prepare_full(
                 Some(Epilogue::NormScale(ns)) => ns.count,
                 _ => 0,
             },
+            sp_nv: split.map_or(0, |sx| sx.partials.head_dim / 4),
+            sp_chunks: split.map_or(0, |sx| sx.partials.n_chunks),
+            sp_window: split.map_or(0, |sx| sx.partials.window),
+            sp_pos0: split.map_or(0, |sx| sx.partials.pos0),
         };
         ss_offset += row_groups; // one sum of squares a workgroup (Y_RESNORM)
         let ubuf = rec.uniform(&label, &params);
         let mut entries = vec![
             buffer_entry(0, &ubuf),
             buffer_entry(1, &part.buffer),
-            buffer_entry(2, io.x),
             buffer_entry(3, io.y),
         ];
+        match split {
+            // (X comes from the partials: the shader declares no X binding it uses.)
+            Some(sx) => entries.extend([buffer_entry(13, sx.scratch), buffer_entry(14, sx.step)]),
+            None => entries.push(buffer_entry(2, io.x)),
+        }
         if let Some((up, _, _)) = glu {
             entries.push(buffer_entry(4, up));
         }
