@@ -323,6 +323,25 @@ fn split_prologue(lid: u32) {
 #endif
 
 const RPW: u32 = WG_SIZE / TPR; // rows per workgroup
+#ifdef KS
+const KS_TEAMS: u32 = KS;
+#else
+const KS_TEAMS: u32 = 1u; // (KS is set only with ROWS)
+#endif
+#ifdef ROWS
+const TEAM_ROWS: u32 = NR;
+#else
+const TEAM_ROWS: u32 = 1u;
+#endif
+const ROW_TEAMS: u32 = RPW / KS_TEAMS; // teams of distinct rows per workgroup
+
+// Team `slot` of workgroup g: which stride of its rows' items it takes (x, below KS_TEAMS) and
+// its first row in the part (y); its rows are y + k * ROW_TEAMS, k < TEAM_ROWS. The one mapping
+// of the loops and of touch_w.
+fn team_rows(g: u32, slot: u32) -> vec2<u32> {
+    let r0 = (g % p.row_groups) * ROW_TEAMS * TEAM_ROWS + slot / KS_TEAMS;
+    return vec2<u32>(slot % KS_TEAMS, r0);
+}
 
 var<private> acc: array<f32, NT>; // partial sums of this thread's row, one per token
 var<private> xbase: u32;           // X[t0, 0]
@@ -455,18 +474,12 @@ var<workgroup> ks_red: array<f32, RPW * NR>; // (RPW / KS row teams, NR, KS) the
 // The ROWS body: team `slot` of workgroup g takes its share of rows r0 + k * RG, k < NR, of
 // token t, where RG = RPW / KS teams of rows per workgroup (KS = 1 without the define).
 fn rows_main(g: u32, lane: u32, slot: u32) {
-#ifdef KS
-    let kq = slot % KS; // which stride of the rows' items
-    let rslot = slot / KS;
-    const RG = RPW / KS;
-#else
-    let kq = 0u;
-    let rslot = slot;
-    const RG = RPW;
-    const KS = 1u;
-#endif
+    let tr = team_rows(g, slot);
+    let kq = tr.x; // which stride of the rows' items
+    let rslot = slot / KS_TEAMS;
+    const RG = ROW_TEAMS;
     let t = g / p.row_groups;
-    let r0 = (g % p.row_groups) * RG * NR + rslot;
+    let r0 = tr.y;
     xbase = p.x_offset + t * p.x_stride;
 #ifdef GLU_WG
     xbase = 0u; // X is in xw4
@@ -492,7 +505,7 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
         let rb = r0 * p.row_words;
         let rs = RG * p.row_words;
         let n = items();
-        const STEP = TPR * KS;
+        const STEP = TPR * KS_TEAMS;
         var j = kq * TPR + lane;
         for (; j + (UNROLL - 1u) * STEP < n; j += UNROLL * STEP) {
             for (var u = 0u; u < UNROLL; u++) {
@@ -612,32 +625,13 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
 // touch the same stretch of their rows. Only for interleaved teams (WORDS): the CPU adapters'
 // thread-per-row shape keeps its loads as they are.
 fn touch_w(g: u32, lane: u32, slot: u32) -> u32 {
-#ifdef ROWS
-#ifdef KS
-    let kq = slot % KS;
-    const RG = RPW / KS;
-    let r0 = (g % p.row_groups) * RG * NR + slot / KS;
-    const STEP = TPR * KS;
-    const NRT = NR;
-#else
-    let kq = 0u;
-    const RG = RPW;
-    let r0 = (g % p.row_groups) * RG * NR + slot;
-    const STEP = TPR;
-    const NRT = NR;
-#endif
-#else
-    let kq = 0u;
-    const RG = RPW;
-    let r0 = (g % p.row_groups) * RPW + slot;
-    const STEP = TPR;
-    const NRT = 1u;
-#endif
+    let tr = team_rows(g, slot);
+    const STEP = TPR * KS_TEAMS;
     var h = 0u;
-    for (var k = 0u; k < NRT; k++) {
-        let rb = min(r0 + k * RG, p.rows - 1u) * p.row_words;
+    for (var k = 0u; k < TEAM_ROWS; k++) {
+        let rb = min(tr.y + k * ROW_TEAMS, p.rows - 1u) * p.row_words;
         for (var u = 0u; u < UNROLL; u++) {
-            let j = kq * TPR + lane + u * STEP;
+            let j = tr.x * TPR + lane + u * STEP;
 #ifdef W_VEC4
             let v = w[(rb >> 2u) + j];
             h ^= v.x ^ v.y ^ v.z ^ v.w;
@@ -705,7 +699,7 @@ fn matmul(
     let lane = lid % TPR;
     let slot = lid / TPR;
 #endif
-    let r = (g % p.row_groups) * RPW + slot;
+    let r = team_rows(g, slot).y;
     // Workgroups past the grid's end have t0 >= n_tokens; rows past the part's end idle too
     // (but still take part in the reduction).
     let live = r < p.rows && t0 < p.n_tokens;

@@ -23,6 +23,6 @@ pub mod tensor;
 pub use context::{GpuContext, GpuLimits, LimitRequest};
 pub use dispatch::grid_2d;
 pub use pipeline::{CachedPipeline, PipelineKey};
-pub use plan::{buffer_entry, Dispatch, Prepared, Recorder, Step, StepState};
+pub use plan::{buffer_entry, entry, Dispatch, Prepared, Recorder, Step, StepState};
 pub use readback::read_buffer;
 pub use tensor::{GpuTensor, TensorPart};

@@ -225,6 +225,12 @@ impl Step {
     }
 }
 
+/// A bind group entry of `resource` at `binding`: a part of a buffer (the reductions bind the
+/// head of a buffer sized for a longer input).
+pub fn entry(binding: u32, resource: wgpu::BindingResource<'_>) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry { binding, resource }
+}
+
 /// The bind group entry of a whole buffer at `binding` (what almost every dispatch binds).
 pub fn buffer_entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
     wgpu::BindGroupEntry {

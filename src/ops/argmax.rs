@@ -12,7 +12,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{buffer_entry, grid_2d, CachedPipeline, GpuContext, PipelineKey};
+use crate::gpu::{buffer_entry, entry, grid_2d, CachedPipeline, GpuContext, PipelineKey};
 
 pub const SHADER: &str = "argmax.wgsl";
 pub const ENTRY: &str = "argmax";
@@ -188,17 +188,7 @@ impl Argmax {
             let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&pipe.key.label()),
                 layout: &pipe.layout,
-                entries: &[
-                    buffer_entry(0, &params),
-                    wgpu::BindGroupEntry {
-                        binding: 1,
-                        resource: src,
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 2,
-                        resource: dst,
-                    },
-                ],
+                entries: &[buffer_entry(0, &params), entry(1, src), entry(2, dst)],
             });
             let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
             stages.push(Stage {

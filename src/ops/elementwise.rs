@@ -98,10 +98,7 @@ impl<'a> BindingPlan<'a> {
     pub fn entries(&self, out: &'a wgpu::Buffer) -> Vec<wgpu::BindGroupEntry<'a>> {
         let mut e = vec![buffer_entry(1, out)];
         for (i, b) in self.reads.iter().enumerate() {
-            e.push(wgpu::BindGroupEntry {
-                binding: 2 + i as u32,
-                resource: b.as_entire_binding(),
-            });
+            e.push(buffer_entry(2 + i as u32, b));
         }
         e
     }

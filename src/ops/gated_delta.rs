@@ -9,7 +9,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::{Error, Result};
-use crate::gpu::{grid_2d, GpuContext, PipelineKey, Recorder};
+use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey, Recorder};
 
 pub const SHADER: &str = "gated_delta.wgsl";
 pub const ENTRY: &str = "gated_delta";
@@ -198,18 +198,14 @@ pub(crate) fn entries<'a>(
     b: &GatedDeltaBuffers<'a>,
     step: &'a wgpu::Buffer,
 ) -> [wgpu::BindGroupEntry<'a>; 7] {
-    let entry = |binding: u32, buf: &'a wgpu::Buffer| wgpu::BindGroupEntry {
-        binding,
-        resource: buf.as_entire_binding(),
-    };
     [
-        entry(0, ubuf),
-        entry(1, b.qkv),
-        entry(2, b.ba),
-        entry(3, b.head_w),
-        entry(4, b.state),
-        entry(5, b.out),
-        entry(6, step),
+        buffer_entry(0, ubuf),
+        buffer_entry(1, b.qkv),
+        buffer_entry(2, b.ba),
+        buffer_entry(3, b.head_w),
+        buffer_entry(4, b.state),
+        buffer_entry(5, b.out),
+        buffer_entry(6, step),
     ]
 }
 

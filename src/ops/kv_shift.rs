@@ -8,7 +8,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::Result;
-use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey};
+use crate::gpu::{buffer_entry, entry, grid_2d, GpuContext, PipelineKey};
 
 pub const SHADER: &str = "kv_shift.wgsl";
 pub const ENTRY: &str = "kv_shift";
@@ -91,10 +91,7 @@ pub fn encode(
         label: Some(&pipe.key.label()),
         layout: &pipe.layout,
         entries: &[
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: params_buf.as_entire_binding(),
-            },
+            entry(0, params_buf.as_entire_binding()),
             buffer_entry(1, k_cache),
             buffer_entry(2, scratch),
             buffer_entry(3, cos_sin),

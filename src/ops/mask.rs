@@ -13,7 +13,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::Result;
-use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey, Prepared, Recorder};
+use crate::gpu::{buffer_entry, entry, grid_2d, GpuContext, PipelineKey, Prepared, Recorder};
 
 pub const SHADER: &str = "mask.wgsl";
 pub const ENTRY: &str = "mask_logits";
@@ -90,14 +90,8 @@ pub fn prepare(
     );
     let entries = [
         buffer_entry(0, &ubuf),
-        wgpu::BindGroupEntry {
-            binding: 1,
-            resource: super::argmax::head(mask, mask_words(n_vocab) as u64 * 4),
-        },
-        wgpu::BindGroupEntry {
-            binding: 2,
-            resource: super::argmax::head(logits, n_vocab as u64 * 4),
-        },
+        entry(1, super::argmax::head(mask, mask_words(n_vocab) as u64 * 4)),
+        entry(2, super::argmax::head(logits, n_vocab as u64 * 4)),
     ];
     rec.push("mask", &pipe, &entries, grid);
     Ok(())

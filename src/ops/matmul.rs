@@ -1594,10 +1594,11 @@ fn prepare_full(
                     extra.push((7, &n.parts[0].buffer));
                 }
             }
-            entries.extend(extra.into_iter().map(|(binding, b)| wgpu::BindGroupEntry {
-                binding,
-                resource: b.as_entire_binding(),
-            }));
+            entries.extend(
+                extra
+                    .into_iter()
+                    .map(|(binding, b)| buffer_entry(binding, b)),
+            );
         }
         let extra: Vec<(u32, &wgpu::Buffer)> = match epi {
             Some(Epilogue::ResNorm(rn)) => {
@@ -1606,10 +1607,11 @@ fn prepare_full(
             Some(Epilogue::NormScale(ns)) => vec![(12, ns.ss)],
             None => vec![],
         };
-        entries.extend(extra.into_iter().map(|(binding, b)| wgpu::BindGroupEntry {
-            binding,
-            resource: b.as_entire_binding(),
-        }));
+        entries.extend(
+            extra
+                .into_iter()
+                .map(|(binding, b)| buffer_entry(binding, b)),
+        );
         rec.push("matmul", &pipe, &entries, grid);
     }
     Ok(ss_offset)

@@ -9,7 +9,7 @@ use std::mem::offset_of;
 
 use super::{Variant, WgslParams};
 use crate::error::Result;
-use crate::gpu::{buffer_entry, grid_2d, CachedPipeline, GpuContext, PipelineKey};
+use crate::gpu::{buffer_entry, entry, grid_2d, CachedPipeline, GpuContext, PipelineKey};
 
 pub const SHADER: &str = "penalty.wgsl";
 pub const ENTRY: &str = "penalty";
@@ -159,10 +159,7 @@ impl Penalties {
             entries: &[
                 buffer_entry(0, params),
                 buffer_entry(1, pairs),
-                wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: super::argmax::head(logits, n_vocab as u64 * 4),
-                },
+                entry(2, super::argmax::head(logits, n_vocab as u64 * 4)),
             ],
         })
     }

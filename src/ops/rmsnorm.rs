@@ -320,17 +320,11 @@ pub fn prepare_residual(
     if let Some(a) = add {
         entries.push(buffer_entry(3, a.buffer));
         if let Some(n) = a.norm {
-            entries.push(wgpu::BindGroupEntry {
-                binding: 5,
-                resource: n.parts[0].buffer.as_entire_binding(),
-            });
+            entries.push(buffer_entry(5, &n.parts[0].buffer));
         }
     }
     if let Some(w) = w {
-        entries.push(wgpu::BindGroupEntry {
-            binding: 4,
-            resource: w.parts[0].buffer.as_entire_binding(),
-        });
+        entries.push(buffer_entry(4, &w.parts[0].buffer));
     }
     let grid = grid_2d(
         n_rows as u64,

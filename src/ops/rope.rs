@@ -147,10 +147,7 @@ fn dispatch(
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, params);
     let mut entries = vec![buffer_entry(0, &ubuf)];
-    entries.extend(buffers.iter().map(|(b, buf)| wgpu::BindGroupEntry {
-        binding: *b,
-        resource: buf.as_entire_binding(),
-    }));
+    entries.extend(buffers.iter().map(|(b, buf)| buffer_entry(*b, buf)));
     rec.push(
         if kv_write { "rope_kv_write" } else { "rope" },
         &pipe,

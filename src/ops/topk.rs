@@ -17,7 +17,7 @@ use std::mem::offset_of;
 use super::argmax::{check_logits, head, plan_stages, reduction_workgroup_size, Stage};
 use super::{Variant, WgslParams};
 use crate::error::Result;
-use crate::gpu::{buffer_entry, grid_2d, GpuContext, PipelineKey};
+use crate::gpu::{buffer_entry, entry, grid_2d, GpuContext, PipelineKey};
 
 pub const SHADER: &str = "topk.wgsl";
 pub const ENTRY: &str = "topk";
@@ -179,31 +179,12 @@ impl TopK {
                     head(&scratch[s].1, groups * 8),
                 )
             };
-            let mut entries = vec![
-                buffer_entry(0, &params),
-                wgpu::BindGroupEntry {
-                    binding: 3,
-                    resource: dst,
-                },
-                wgpu::BindGroupEntry {
-                    binding: 4,
-                    resource: dst_stats,
-                },
-            ];
+            let mut entries = vec![buffer_entry(0, &params), entry(3, dst), entry(4, dst_stats)];
             if s == 0 {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: head(logits, n_in * 4),
-                });
+                entries.push(entry(1, head(logits, n_in * 4)));
             } else {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: head(&scratch[s - 1].0, n_in * 8),
-                });
-                entries.push(wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: head(&scratch[s - 1].1, groups_in * 8),
-                });
+                entries.push(entry(1, head(&scratch[s - 1].0, n_in * 8)));
+                entries.push(entry(2, head(&scratch[s - 1].1, groups_in * 8)));
             }
             let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&pipe.key.label()),

@@ -177,18 +177,17 @@ pub fn widen_to_q8_0(ty: GgmlType, src: &[u8], dst: &mut Vec<u8>) -> crate::erro
     }
     dst.reserve(src.len() / bytes * size_of::<BlockQ8_0>());
     for b in src.chunks_exact(bytes) {
-        let mut out = BlockQ8_0 {
-            d: u16::from_le_bytes([b[0], b[1]]),
-            qs: [0; QK],
-        };
+        // Every block widened starts with its f16 scale, which the Q8_0 block keeps.
+        let d = u16::from_le_bytes([b[0], b[1]]);
+        let mut qs = [0i8; QK];
         match ty {
-            GgmlType::Q8_0 => out = *bytemuck::from_bytes::<BlockQ8_0>(b),
+            GgmlType::Q8_0 => qs = bytemuck::from_bytes::<BlockQ8_0>(b).qs,
             GgmlType::Q4_0 => {
                 let blk: &BlockQ4_0 = bytemuck::from_bytes(b);
                 for (j, &byte) in blk.qs.iter().enumerate() {
                     let (lo, hi) = nibbles(byte);
-                    out.qs[j] = lo as i8 - 8;
-                    out.qs[j + QK / 2] = hi as i8 - 8;
+                    qs[j] = lo as i8 - 8;
+                    qs[j + QK / 2] = hi as i8 - 8;
                 }
             }
             _ => {
@@ -196,12 +195,12 @@ pub fn widen_to_q8_0(ty: GgmlType, src: &[u8], dst: &mut Vec<u8>) -> crate::erro
                 for (j, &byte) in blk.qs.iter().enumerate() {
                     let (lo, hi) = nibbles(byte);
                     let (hlo, hhi) = high_bits(blk.qh, j);
-                    out.qs[j] = (lo | hlo) as i8 - 16;
-                    out.qs[j + QK / 2] = (hi | hhi) as i8 - 16;
+                    qs[j] = (lo | hlo) as i8 - 16;
+                    qs[j + QK / 2] = (hi | hhi) as i8 - 16;
                 }
             }
         }
-        dst.extend_from_slice(bytemuck::bytes_of(&out));
+        dst.extend_from_slice(bytemuck::bytes_of(&BlockQ8_0 { d, qs }));
     }
     Ok(())
 }
