@@ -24,22 +24,12 @@
 
 #include "gated_delta_decls.tmpl"
 
-var<workgroup> red: array<vec2<f32>, WG_SIZE>;
+alias WgSumT = vec2<f32>;
+#include "wg_sum_decls.tmpl"
 
 // Sum of (x, y) over the workgroup; every invocation gets it. Callers are in uniform control flow.
 fn reduce2(lid: u32, v: vec2<f32>) -> vec2<f32> {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    // Nobody writes red again until everyone has read the total.
-    workgroupBarrier();
-    return total;
+    return wg_tree_sum(lid, v);
 }
 
 @compute @workgroup_size(WG_SIZE)

@@ -140,7 +140,8 @@ var<workgroup> xw4: array<vec4<f32>, XW4>; // X of this token, computed by the p
 #define WG_SUM
 #endif
 #ifdef WG_SUM
-var<workgroup> pre_red: array<f32, WG_SIZE>;
+alias WgSumT = f32;
+#include "wg_sum_decls.tmpl"
 
 #ifdef SUBGROUP
 var<private> pre_sg: vec3<u32>; // (subgroup_invocation_id, subgroup_id, subgroup_size)
@@ -152,27 +153,17 @@ fn pre_sum(v: f32, lid: u32) -> f32 {
 #ifdef SUBGROUP
     let sv = subgroupAdd(v);
     if pre_sg.x == 0u {
-        pre_red[pre_sg.y] = sv;
+        wg_red[pre_sg.y] = sv;
     }
     workgroupBarrier();
     var sum = 0.0;
     for (var i = 0u; i < WG_SIZE / pre_sg.z; i++) {
-        sum += pre_red[i];
+        sum += wg_red[i];
     }
-    workgroupBarrier(); // every invocation has read pre_red before it is reused
+    workgroupBarrier(); // every invocation has read wg_red before it is reused
     return sum;
 #else
-    pre_red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            pre_red[lid] += pre_red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = pre_red[0];
-    workgroupBarrier(); // every invocation has read pre_red[0] before it is reused
-    return total;
+    return wg_tree_sum(lid, v);
 #endif
 }
 

@@ -54,7 +54,8 @@ struct RmsNormParams {
 @group(0) @binding(5) var<storage, read> w_add: array<VT>;       // (row_len): the addend's norm weight
 #endif
 
-var<workgroup> red: array<f32, WG_SIZE>;
+alias WgSumT = f32;
+#include "wg_sum_decls.tmpl"
 
 // Sum of squares of one element.
 fn sq(v: VT) -> f32 {
@@ -65,20 +66,9 @@ fn sq(v: VT) -> f32 {
 #endif
 }
 
-// The tree reduction of every thread's `v` over the workgroup; ends with a barrier, so `red`
-// may be reused at once.
+// The sum of every thread's `v` over the workgroup (wg_sum_decls.tmpl).
 fn reduce(lid: u32, v: f32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG_SIZE / 2u; s > 0u; s >>= 1u) {
-        if lid < s {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
+    return wg_tree_sum(lid, v);
 }
 
 fn store(i: u32, v: VT) {

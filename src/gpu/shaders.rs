@@ -26,6 +26,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../../shaders/split_decls.tmpl"),
     ),
     (
+        "wg_sum_decls.tmpl",
+        include_str!("../../shaders/wg_sum_decls.tmpl"),
+    ),
+    (
         "act_decls.tmpl",
         include_str!("../../shaders/act_decls.tmpl"),
     ),
