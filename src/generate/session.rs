@@ -344,15 +344,13 @@ impl Session {
     /// elsewhere one plan per batch size covers the whole context, and decode also has a short
     /// plan for its first cells, which needs no attention reduce ([`Model::short_plan_cells`]).
     fn plan_for(&mut self, n: u32, end: u32) -> Result<usize> {
-        let n_ctx = self.kv.n_ctx();
-        let short = self.model.short_plan_cells(&self.ctx);
-        let cells = if crate::ops::matmul::is_cpu_adapter(&self.ctx) {
-            end.next_power_of_two().max(256).min(n_ctx)
-        } else if n == 1 && end <= short {
-            short.min(n_ctx)
-        } else {
-            n_ctx
-        };
+        let cells = plan_cells(
+            crate::ops::matmul::is_cpu_adapter(&self.ctx),
+            n,
+            end,
+            self.kv.n_ctx(),
+            self.model.short_plan_cells(&self.ctx),
+        );
         if let Some(i) = self
             .plans
             .iter()
@@ -831,9 +829,39 @@ pub fn now_s() -> f64 {
     }
 }
 
+/// The cells a plan for `n` tokens ending at cell `end` covers ([`Session::plan_for`]): on a
+/// CPU adapter a power of two (at least 256) that holds `end`; elsewhere the context's `n_ctx`,
+/// or for one token (decode) while `end` is at most `short` ([`Model::short_plan_cells`], 0 for
+/// none) the short plan's `short` cells.
+fn plan_cells(cpu: bool, n: u32, end: u32, n_ctx: u32, short: u32) -> u32 {
+    if cpu {
+        end.next_power_of_two().max(256).min(n_ctx)
+    } else if n == 1 && end <= short {
+        short.min(n_ctx)
+    } else {
+        n_ctx
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::StopScanner;
+    use super::{plan_cells, StopScanner};
+
+    #[test]
+    fn plans_cover_their_cells() {
+        // GPU, a short decode plan of 512 cells: decode up to cell 512 on it, past it and every
+        // batch on the context's plan; a context shorter than the short plan caps it.
+        assert_eq!(plan_cells(false, 1, 1, 4096, 512), 512);
+        assert_eq!(plan_cells(false, 1, 512, 4096, 512), 512);
+        assert_eq!(plan_cells(false, 1, 513, 4096, 512), 4096);
+        assert_eq!(plan_cells(false, 5, 20, 4096, 512), 4096);
+        assert_eq!(plan_cells(false, 1, 100, 392, 512), 392);
+        assert_eq!(plan_cells(false, 1, 100, 4096, 0), 4096);
+        // CPU adapters: powers of two from 256, capped by the context.
+        assert_eq!(plan_cells(true, 1, 3, 4096, 512), 256);
+        assert_eq!(plan_cells(true, 7, 300, 4096, 0), 512);
+        assert_eq!(plan_cells(true, 1, 3000, 3000, 0), 3000);
+    }
 
     #[test]
     fn stop_strings_are_held_back_and_cut() {
