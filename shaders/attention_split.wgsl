@@ -13,7 +13,9 @@
 //   reduce: one workgroup per (token, head). It combines the chunks that hold an allowed cell,
 //     [lo / CHUNK, pos / CHUNK], which are exactly the chunks the partial wrote in this step (so
 //     a stale partial of an earlier step is never read): M = max m_i, L = sum l_i exp(m_i - M),
-//     out = sum o_i exp(m_i - M) / L.
+//     out = sum o_i exp(m_i - M) / L. (A decode step with few chunks runs no reduce: the o
+//     projection's workgroups combine them themselves, matmul.wgsl's X_SPLIT; the loop over the
+//     chunks is split_decls.tmpl's, shared.)
 //
 // Defines (chosen in src/ops/attention_split.rs, which reads CHUNK and WG_SIZE back for the grid
 // and the scratch size):

@@ -10,7 +10,9 @@
 //!
 //! The partial grid is sized for the plan's `max_cells`; workgroups whose chunk holds no cell
 //! the step's mask allows return at once, and the reduce reads exactly the chunks that hold one
-//! (so a partial left in the scratch by an earlier step is never read).
+//! (so a partial left in the scratch by an earlier step is never read). Without an output
+//! [`prepare`] records no reduce and returns where the chunks are ([`Partials`]): the decode
+//! plans with few chunks leave the reduce to the o projection (`crate::ops::matmul::SplitX`).
 //!
 //! [`Query::Fresh`] reads the step's q, k and v as the projections left them and does
 //! `qk_rope`'s work (QK-norm, rope, the KV write) inside the partial: a decode step then runs
