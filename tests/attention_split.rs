@@ -495,7 +495,7 @@ async fn split_x(name: &str, p0: AttentionParams, cfg: SplitConfig, positions: &
             }
         }
     }
-    tlog!("{name}: worst error {worst:.2} of the tolerance");
+    tlog!("{name}: worst error {worst:.1e} of the tolerance");
     // Heads that are not the GEMV's columns.
     let w = upload_tensor(
         &ctx,
