@@ -295,8 +295,10 @@ pub struct SplitAttention {
 
 /// The most (head, chunk) pairs a decode step's o projection combines itself
 /// ([`SplitAttention::fused_reduce`]): each of its workgroups reads that many heads of
-/// partials. Measured on an H200 with Gemma 3 270M (4 heads, chunks of 16 cells): see
-/// docs/dispatch.md. Native builds read `CERA_SPLIT_X_MAX` instead when it is set (0: never).
+/// partials. Not measured on a GPU yet: set from the arithmetic in docs/dispatch.md (Gemma 3
+/// 270M, 4 heads in chunks of 16 cells, fuses up to 512 cells: about 130 KB of L2 reads a
+/// workgroup against a dispatch of about 6 us). Native builds read `CERA_SPLIT_X_MAX` instead
+/// when it is set (0: never).
 pub const SPLIT_X_MAX_CHUNKS: u64 = 128;
 
 fn split_x_max_chunks() -> u64 {
