@@ -316,6 +316,46 @@ gpu_test!(
     )
 );
 
+/// The GPU side of a prepared split attention over `max_cells` cells with positions from a
+/// step buffer: q, k, v uploaded, a scratch and a step buffer, and the roped partial (with the
+/// reduce into `out` when given) recorded into `rec`. Returns the step buffer, the scratch and
+/// where the partials are.
+#[allow(clippy::too_many_arguments)]
+fn prepare_roped(
+    ctx: &GpuContext,
+    rec: &mut Recorder,
+    cfg: SplitConfig,
+    p0: &AttentionParams,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    out: Option<&wgpu::Buffer>,
+    max_cells: u64,
+) -> (Step, wgpu::Buffer, attention_split::Partials) {
+    let qb = ctx.storage_buffer("split q", bytemuck::cast_slice(q));
+    let kb = ctx.storage_buffer("split k", bytemuck::cast_slice(k));
+    let vb = ctx.storage_buffer("split v", bytemuck::cast_slice(v));
+    let scratch = ctx
+        .empty_storage(
+            "split scratch",
+            attention_split::scratch_bytes(p0, cfg, max_cells),
+        )
+        .unwrap();
+    let step = Step::new(ctx, p0.n_tokens).unwrap();
+    let partials = attention_split::prepare(
+        rec,
+        cfg,
+        p0,
+        Query::Roped(&qb),
+        &kb,
+        &vb,
+        out,
+        &scratch,
+        &step.buffer,
+        max_cells,
+    )
+    .unwrap();
+    (step, scratch, partials)
+}
+
 /// One prepared pair of dispatches (grid for 300 cells) run at several step positions through a
 /// step buffer, as a decode plan runs: a long range first (partials in every chunk), then a
 /// short one (chunks past it hold the long run's partials), then a windowed run past the first
@@ -325,32 +365,11 @@ async fn prepared_at_two_positions(name: &str, p0: AttentionParams, cfg: SplitCo
     let ctx = context().await;
     let max_cells = 300u64;
     let (q, k, v) = inputs(&p0, max_cells as usize, max_cells as usize);
-    let qb = ctx.storage_buffer("split q", bytemuck::cast_slice(&q));
-    let kb = ctx.storage_buffer("split k", bytemuck::cast_slice(&k));
-    let vb = ctx.storage_buffer("split v", bytemuck::cast_slice(&v));
     let out = ctx.empty_storage("split out", q.len() as u64 * 4).unwrap();
-    let scratch = ctx
-        .empty_storage(
-            "split scratch",
-            attention_split::scratch_bytes(&p0, cfg, max_cells),
-        )
-        .unwrap();
-    let step = Step::new(&ctx, p0.n_tokens).unwrap();
     let mut rec = Recorder::new(&ctx);
     // p0.pos0 is 0: positions come from the step buffer alone.
-    attention_split::prepare(
-        &mut rec,
-        cfg,
-        &p0,
-        Query::Roped(&qb),
-        &kb,
-        &vb,
-        Some(&out),
-        &scratch,
-        &step.buffer,
-        max_cells,
-    )
-    .unwrap();
+    let qkv = (&q[..], &k[..], &v[..]);
+    let (step, _scratch, _) = prepare_roped(&ctx, &mut rec, cfg, &p0, qkv, Some(&out), max_cells);
     let prepared = rec.finish();
     let mut failures = Vec::new();
     for pos0 in [max_cells as u32 - p0.n_tokens, 37, 250] {
@@ -402,30 +421,9 @@ async fn split_x(name: &str, p0: AttentionParams, cfg: SplitConfig, positions: &
     let ctx = context().await;
     let max_cells = *positions.iter().max().unwrap() as u64 + 1;
     let (q, k, v) = inputs(&p0, max_cells as usize + 3, max_cells as usize);
-    let qb = ctx.storage_buffer("split q", bytemuck::cast_slice(&q));
-    let kb = ctx.storage_buffer("split k", bytemuck::cast_slice(&k));
-    let vb = ctx.storage_buffer("split v", bytemuck::cast_slice(&v));
-    let scratch = ctx
-        .empty_storage(
-            "split scratch",
-            attention_split::scratch_bytes(&p0, cfg, max_cells),
-        )
-        .unwrap();
-    let step = Step::new(&ctx, 1).unwrap();
     let mut rec = Recorder::new(&ctx);
-    let partials = attention_split::prepare(
-        &mut rec,
-        cfg,
-        &p0,
-        Query::Roped(&qb),
-        &kb,
-        &vb,
-        None,
-        &scratch,
-        &step.buffer,
-        max_cells,
-    )
-    .unwrap();
+    let qkv = (&q[..], &k[..], &v[..]);
+    let (step, scratch, partials) = prepare_roped(&ctx, &mut rec, cfg, &p0, qkv, None, max_cells);
     let sx = SplitX {
         scratch: &scratch,
         step: &step.buffer,
