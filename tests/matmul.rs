@@ -46,7 +46,7 @@ fn tolerance(ty: GgmlType) -> f64 {
 /// cooperative units, and row teams (the GPU decision: interleaved items, subgroup shuffles
 /// where the adapter has them and the team fits a subgroup, workgroup memory otherwise), GEMV
 /// and GEMM, plus small odd ones (3 tokens per thread, 4 rows per workgroup).
-const SHAPES: [MatmulConfig; 16] = [
+const SHAPES: [MatmulConfig; 17] = [
     MatmulConfig::simple(1),
     MatmulConfig::simple(8),
     MatmulConfig::cooperative(256, 8, 1),
@@ -70,6 +70,8 @@ const SHAPES: [MatmulConfig; 16] = [
         rows_per_team: 2,
         ..MatmulConfig::team(64, 8, 1)
     },
+    // A row a lane: the CPU adapters' decode shape where they have 8-lane subgroups.
+    MatmulConfig::CPU_TEAMS,
     // Teams sharing rows (KS): 4 teams on each of 8 row teams of 2 rows, and all 8 teams of a
     // workgroup on one row (same conditions as several rows a team).
     MatmulConfig {
@@ -299,6 +301,7 @@ async fn check_glu(ty: GgmlType) {
             glu_prologue: false,
             ..MatmulConfig::team(256, 16, 1)
         },
+        MatmulConfig::CPU_TEAMS,
     ];
     for act in [Activation::Silu, Activation::GeluTanh] {
         for (n_tokens, x_off) in [(1u32, 4u64), (3, 5)] {

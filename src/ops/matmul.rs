@@ -270,7 +270,7 @@ impl MatmulConfig {
     /// Measured in decode, Llama 3 8B Q8_0: 180.0 -> 196.6 tok/s.
     pub fn gemv_for(ctx: &GpuContext, ty: GgmlType, rows: u64, cols: u64) -> Self {
         if is_cpu_adapter(ctx) {
-            return Self::simple(1);
+            return Self::cpu_gemv(ctx, ty, cols);
         }
         let wg = ctx.limits.workgroup_size(256);
         if let Some(items) = w_vec4_items(ty, cols) {
@@ -312,6 +312,45 @@ impl MatmulConfig {
         let by_items = (items_per_row(ty, cols) / 4).max(1).next_power_of_two();
         let tpr = by_rows.min(by_items).clamp(8, 32) as u32;
         Self::team(wg, tpr, 1).fit(ctx)
+    }
+
+    /// The team shape of [`MatmulConfig::cpu_gemv`]: 64 threads, teams of 8 lanes with 8 rows
+    /// each, the gated unit computed per row (no barrier).
+    pub const CPU_TEAMS: Self = Self {
+        workgroup_size: 64,
+        threads_per_row: 8,
+        tokens_per_thread: 1,
+        interleaved: true,
+        subgroup: true,
+        x_vec4: false,
+        w_vec4: false,
+        rows_per_team: 8,
+        k_split: 1,
+        glu_prologue: false,
+        unroll: 4,
+    };
+
+    /// The GEMV shape on a CPU-emulated adapter: a thread a row (no barrier: an emulated
+    /// barrier switches every invocation's context), except for the types with 16-byte items
+    /// where the adapter has subgroups of 8 lanes or more (lavapipe on AVX2): there an 8-lane
+    /// team takes 8 rows' items interleaved and adds its sums with subgroup shuffles, still
+    /// without a barrier, so the SIMD lanes load neighbouring words (not eight rows' words far
+    /// apart) and each X item serves 8 rows. Measured on lavapipe (`cera bench-gemv --shapes
+    /// gemma`, ms a GEMV; thread a row / 8-lane teams of a row / of 8 rows): Q8_0 head 262144 x
+    /// 640 381 / 270 / 135, q/k/v 2.7 / 0.8-2.9 / 0.77; Q4_K o 4.3 / 1.1-1.5 / 0.41. Q5_0 and
+    /// Q6_K (word items) gained nothing from teams and keep a thread a row. `CERA_CPU_TEAMS=0`
+    /// keeps a thread a row everywhere.
+    fn cpu_gemv(ctx: &GpuContext, ty: GgmlType, cols: u64) -> Self {
+        let teams = Self::CPU_TEAMS.fit(ctx);
+        if w_vec4_items(ty, cols).is_some()
+            && teams.subgroup
+            && teams.threads_per_row == Self::CPU_TEAMS.threads_per_row
+            && !crate::gpu::knob::knob_off("CERA_CPU_TEAMS")
+        {
+            teams
+        } else {
+            Self::simple(1)
+        }
     }
 
     /// The GEMM shape for this device and a batch of `n_tokens` (8 tokens per invocation; on a
@@ -599,6 +638,14 @@ pub fn variants() -> Vec<Variant> {
             rows_per_team: nr,
             k_split: ks,
             ..MatmulConfig::team(256, tpr, 1)
+        });
+    }
+    // The CPU adapters' teams, with the X reads a call gives them.
+    for x_vec4 in [false, true] {
+        shapes.push(MatmulConfig {
+            w_vec4: true,
+            x_vec4,
+            ..MatmulConfig::CPU_TEAMS
         });
     }
     for (tpr, nt) in [(8, 1), (16, 1), (32, 1), (16, 8)] {
@@ -972,7 +1019,10 @@ pub fn glu_fused_worth(ctx: &GpuContext, w: &GpuTensor) -> bool {
         .for_w(w.ty, w.cols);
     let rpw = cfg.rows_per_workgroup() as u64;
     let workgroups: u64 = w.parts.iter().map(|p| p.rows.div_ceil(rpw)).sum();
-    cfg.threads_per_row == 1 || glu_prologue_fits(ctx, cfg, w.cols, workgroups)
+    // A CPU adapter's GEMV recomputes the unit per row whatever its shape (no barrier).
+    cfg.threads_per_row == 1
+        || is_cpu_adapter(ctx)
+        || glu_prologue_fits(ctx, cfg, w.cols, workgroups)
 }
 
 /// Whether a GEMV in shape `cfg` (fitted) with a gated-unit X of `cols` values may compute it
