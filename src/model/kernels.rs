@@ -295,10 +295,10 @@ pub struct SplitAttention {
 
 /// The most (head, chunk) pairs a decode step's o projection combines itself
 /// ([`SplitAttention::fused_reduce`]): each of its workgroups reads that many heads of
-/// partials. Not measured on a GPU yet: set from the arithmetic in docs/dispatch.md (Gemma 3
-/// 270M, 4 heads in chunks of 16 cells, fuses up to 512 cells: about 130 KB of L2 reads a
-/// workgroup against a dispatch of about 6 us). Native builds read `CERA_SPLIT_X_MAX` instead
-/// when it is set (0: never).
+/// partials. Measured on an H200 (docs/benchmarking.md, twelfth session): Gemma 3 270M (4
+/// heads in chunks of 16 cells, fused up to 512 cells) decodes 3.2 % faster after 256 tokens
+/// and 1.8 % at 900 with a cap of 256; the 8B's 32 heads forced to fuse at 320 cells (640
+/// pairs) lost 3.6 %. Native builds read `CERA_SPLIT_X_MAX` instead when it is set (0: never).
 pub const SPLIT_X_MAX_CHUNKS: u64 = 128;
 
 fn split_x_max_chunks() -> u64 {
