@@ -317,17 +317,9 @@ impl MatmulConfig {
     /// The team shape of [`MatmulConfig::cpu_gemv`]: 64 threads, teams of 8 lanes with 8 rows
     /// each, the gated unit computed per row (no barrier).
     pub const CPU_TEAMS: Self = Self {
-        workgroup_size: 64,
-        threads_per_row: 8,
-        tokens_per_thread: 1,
-        interleaved: true,
-        subgroup: true,
-        x_vec4: false,
-        w_vec4: false,
         rows_per_team: 8,
-        k_split: 1,
         glu_prologue: false,
-        unroll: 4,
+        ..Self::team(64, 8, 1)
     };
 
     /// The GEMV shape on a CPU-emulated adapter: a thread a row (no barrier: an emulated
