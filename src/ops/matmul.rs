@@ -1011,9 +1011,10 @@ pub fn glu_fused_worth(ctx: &GpuContext, w: &GpuTensor) -> bool {
         .for_w(w.ty, w.cols);
     let rpw = cfg.rows_per_workgroup() as u64;
     let workgroups: u64 = w.parts.iter().map(|p| p.rows.div_ceil(rpw)).sum();
-    // A CPU adapter's GEMV recomputes the unit per row whatever its shape (no barrier).
+    // A shape that does not ask for the once-per-workgroup unit (a thread a row, the CPU
+    // adapters' teams) recomputes it per row by design.
     cfg.threads_per_row == 1
-        || is_cpu_adapter(ctx)
+        || !cfg.glu_prologue
         || glu_prologue_fits(ctx, cfg, w.cols, workgroups)
 }
 
