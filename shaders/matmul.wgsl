@@ -30,6 +30,13 @@
 //   workgroup memory; a workgroup covers RPW / KS * NR rows. For GEMVs with few rows and long
 //   ones (Llama 3 8B's 4096 x 14336 down projection ran 256 workgroups of 8 teams), where too
 //   few workgroups kept too few loads in flight to stream W at full speed.
+//   XQ8 (with ROWS, TYPE_Q8_0 / Q4_K / Q5_K): X is quantized to 8 bits per block of 32 values
+//   into workgroup memory before the rows' loop (xq8_prologue: d = max |x| / 127, q = round(x /
+//   d), and each half block's exact sum for the K-quants' mins), and the items multiply their
+//   quant bytes with X's through dot4I8Packed: four products and their sum in one integer
+//   instruction, where the float path spends a conversion, a subtraction and an FMA on each
+//   value. For large decode GEMVs of 4- to 8-bit weights, whose decoding, not their bytes,
+//   bounded them. XQW = cols / 4: X's words (cols a multiple of 32).
 //   XVEC4: X is bound as vec4 (16-byte loads); the host sets it only when X[t, 0] is a multiple
 //   of 4 elements for every token (x_offset and cols multiples of 4).
 //   X_GLU (with SILU or GELU): X is a gated unit's output computed on the fly, X = act(G) * U,
@@ -458,6 +465,41 @@ var<workgroup> red: array<f32, WG_SIZE * NT>; // (WG_SIZE, NT) partial sums
 #endif
 #endif
 
+#ifdef XQ8
+var<workgroup> xq: array<u32, XQW>;            // X as i8, four a word, in order
+var<workgroup> xqs: array<vec4<f32>, XQW / 8u>; // a block of 32: (d, sum of values 0..15, of 16..31, 0)
+// xq, xqs = X from xbase (whatever xv reads: memory, a gated unit, a prologue's array), a
+// thread a block. Called by every invocation (it has a barrier).
+fn xq8_prologue(lid: u32) {
+    for (var b = lid; b < XQW / 8u; b += WG_SIZE) {
+        var v: array<vec4<f32>, 8>;
+        var amax = vec4<f32>(0.0);
+        for (var i = 0u; i < 8u; i++) {
+            v[i] = xv(xbase + 32u * b + 4u * i);
+            amax = max(amax, abs(v[i]));
+        }
+        let m = max(max(amax.x, amax.y), max(amax.z, amax.w));
+        let inv = select(0.0, 127.0 / m, m > 0.0);
+        var s0 = vec4<f32>(0.0);
+        var s1 = vec4<f32>(0.0);
+        for (var i = 0u; i < 8u; i++) {
+            xq[8u * b + i] = pack4xI8(vec4<i32>(round(v[i] * inv)));
+            if i < 4u {
+                s0 += v[i];
+            } else {
+                s1 += v[i];
+            }
+        }
+        let one = vec4<f32>(1.0);
+        xqs[b] = vec4<f32>(m / 127.0, dot(s0, one), dot(s1, one), 0.0);
+    }
+    workgroupBarrier();
+}
+// Words i .. i + 3 of xq.
+fn xq4(i: u32) -> vec4<u32> {
+    return vec4<u32>(xq[i], xq[i + 1u], xq[i + 2u], xq[i + 3u]);
+}
+#endif
 #ifdef ROWS
 #ifdef KS
 var<workgroup> ks_red: array<f32, RPW * NR>; // (RPW / KS row teams, NR, KS) the teams' sums
@@ -489,6 +531,9 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
     // rows: a private array filled here was kept in local memory, and the lane waited for the
     // loads before its loop.)
     let en_mine = resnorm_in(p.y_offset + r0 + min(lane, NR - 1u) * RG);
+#endif
+#ifdef XQ8
+    xq8_prologue(slot * TPR + lane);
 #endif
     if r0 < p.rows && t < p.n_tokens {
         // Rows past the part's end read clamped or zero words (WGSL bounds every access) and

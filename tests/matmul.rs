@@ -850,3 +850,134 @@ gpu_test!(matmul_norm_link_f32, check_norm_link(GgmlType::F32));
 gpu_test!(matmul_norm_link_q8_0, check_norm_link(GgmlType::Q8_0));
 gpu_test!(matmul_norm_link_q4_k, check_norm_link(GgmlType::Q4K));
 gpu_test!(matmul_norm_link_q6_k, check_norm_link(GgmlType::Q6K));
+
+/// X quantized to 8 bits per block of 32 (`x_q8`, the integer-dot items of Q8_0, Q4_K and
+/// Q5_K): every row-team shape that can take it, X from memory as scalars and as vec4, against
+/// a reference that quantizes X the same way: `d = max |x| / 127`, `q = round(x / d)`. The
+/// K-quants' mins multiply the exact sums of X, so the reference splits W into its integer part
+/// `d * scale * q` (the block's `dmin` zeroed, then dequantized) and its mins (`W` minus that):
+/// `y = sum A * Xq + sum M * X`. The tolerance allows a few values rounded the other way at a
+/// near-tie (the GPU's `127 / max` may be a few ulps off). Each shape is checked to have run
+/// the quantized kernel (its pipeline's label).
+async fn check_xq8(ty: GgmlType) {
+    let ctx = common::context().await;
+    let shapes = [
+        MatmulConfig {
+            rows_per_team: 4,
+            x_q8: true,
+            ..MatmulConfig::team(256, 8, 1)
+        },
+        MatmulConfig {
+            rows_per_team: 2,
+            k_split: 4,
+            x_q8: true,
+            ..MatmulConfig::team(256, 8, 1)
+        },
+        MatmulConfig {
+            subgroup: false,
+            rows_per_team: 2,
+            k_split: 4,
+            x_q8: true,
+            ..MatmulConfig::team(256, 8, 1)
+        },
+        MatmulConfig {
+            x_q8: true,
+            ..MatmulConfig::CPU_TEAMS
+        },
+    ];
+    const TOL: f64 = 2e-4;
+    let mut rng = Rng::new(ty.id() as u64 + 900);
+    let mut worst = 0.0f64;
+    let mut worst_f32 = 0.0f64;
+    for (ci, &(rows, cols, x_off)) in [(1u64, 256u64, 4u64), (37, 4096, 4), (67, 768, 5), (131, 256, 0)]
+        .iter()
+        .enumerate()
+    {
+        let bytes = synthetic_rows(ty, cols, rows, 300 + ci as u64);
+        let wf = dequantize_to_vec(ty, &bytes).unwrap();
+        // The integer part: K-quant blocks with dmin (bytes 2..4) zeroed.
+        let int_part = if ty == GgmlType::Q8_0 {
+            wf.clone()
+        } else {
+            let mut b = bytes.clone();
+            for blk in b.chunks_mut(ty.block_bytes() as usize) {
+                blk[2] = 0;
+                blk[3] = 0;
+            }
+            dequantize_to_vec(ty, &b).unwrap()
+        };
+        let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
+        // Values over several magnitudes, a block of zeros and one of a single value.
+        let mut xs: Vec<f32> = rng
+            .vec((x_off + cols) as usize)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * [0.01f32, 1.0, 30.0][i / 64 % 3])
+            .collect();
+        xs[x_off as usize..x_off as usize + 32].fill(0.0);
+        xs[x_off as usize + 64] = 5.0;
+        let x = &xs[x_off as usize..];
+        let xq: Vec<f64> = x
+            .chunks(32)
+            .flat_map(|blk| {
+                let m = blk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let inv = if m > 0.0 { 127.0 / m } else { 0.0 };
+                let d = m / 127.0;
+                blk.iter()
+                    .map(move |&v| (v * inv).round_ties_even() as f64 * d as f64)
+            })
+            .collect();
+        let xb = ctx.storage_buffer("x", bytemuck::cast_slice(&xs));
+        let y = ctx
+            .empty_storage("y", rows * shapes.len() as u64 * 4)
+            .unwrap();
+        let mut rec = cera_web::gpu::Recorder::new(&ctx);
+        for (i, cfg) in shapes.iter().enumerate() {
+            matmul::prepare(&mut rec, *cfg, &w, &xb, x_off, &y, i as u64 * rows, 1).unwrap();
+        }
+        let prepared = rec.finish();
+        for (d, cfg) in prepared.dispatches.iter().zip(&shapes) {
+            let label = d.pipe.key.label();
+            assert!(label.contains("XQ8"), "{ty} {cfg}: ran {label}");
+        }
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        prepared.encode(&ctx, &mut enc);
+        ctx.queue.submit([enc.finish()]);
+        let got = read_f32(&ctx, &y, 0, (rows as usize) * shapes.len())
+            .await
+            .unwrap();
+        let c = cols as usize;
+        for r in 0..rows as usize {
+            let (wr, ar) = (&wf[r * c..(r + 1) * c], &int_part[r * c..(r + 1) * c]);
+            let mut want = 0.0f64;
+            let mut exact = 0.0f64;
+            let mut scale = 0.0f64;
+            for k in 0..c {
+                let (wv, av, xv) = (wr[k] as f64, ar[k] as f64, x[k] as f64);
+                want += av * xq[k] + (wv - av) * xv;
+                exact += wv * xv;
+                scale += (wv * xv).abs();
+            }
+            let scale = scale.max(1e-30);
+            for (i, cfg) in shapes.iter().enumerate() {
+                let v = got[i * rows as usize + r] as f64;
+                let err = (v - want).abs() / scale;
+                assert!(
+                    err <= TOL,
+                    "{ty} {rows}x{cols} x at {x_off}, {cfg}: Y[{r}] = {v}, want {want} (rel err {err:e})"
+                );
+                worst = worst.max(err);
+                worst_f32 = worst_f32.max((v - exact).abs() / scale);
+            }
+        }
+    }
+    tlog!(
+        "{ty} xq8: worst relative error {worst:.2e} against the quantized reference (tolerance \
+         {TOL:.0e}), {worst_f32:.2e} against f32 X, adapter {:?}",
+        ctx.adapter.name
+    );
+}
+
+gpu_test!(matmul_xq8_q8_0, check_xq8(GgmlType::Q8_0));
+gpu_test!(matmul_xq8_q4_k, check_xq8(GgmlType::Q4K));
+gpu_test!(matmul_xq8_q5_k, check_xq8(GgmlType::Q5K));

@@ -181,6 +181,10 @@ pub struct MatmulConfig {
     /// Items each lane of an interleaved team decodes per loop step (`UNROLL`: their loads are
     /// independent, so this many are in flight per lane).
     pub unroll: u32,
+    /// Quantize X to 8 bits per block of 32 in workgroup memory and multiply with integer dot
+    /// products (`XQ8`): only in the `ROWS` kernel of Q8_0, Q4_K and Q5_K, one token, `cols` a
+    /// multiple of 32, where the workgroup memory holds it ([`xq8_fits`]); ignored elsewhere.
+    pub x_q8: bool,
 }
 
 impl MatmulConfig {
@@ -198,6 +202,7 @@ impl MatmulConfig {
             k_split: 1,
             glu_prologue: false,
             unroll: 4,
+            x_q8: false,
         }
     }
 
@@ -231,6 +236,7 @@ impl MatmulConfig {
             k_split: 1,
             glu_prologue: true,
             unroll: 4,
+            x_q8: false,
         }
     }
 
@@ -456,6 +462,7 @@ impl std::fmt::Display for MatmulConfig {
             (self.subgroup, "sg"),
             (self.x_vec4, "xvec4"),
             (self.w_vec4, "wvec4"),
+            (self.x_q8, "xq8"),
         ] {
             if on {
                 write!(f, " {name}")?;
@@ -493,6 +500,8 @@ impl std::str::FromStr for MatmulConfig {
                 cfg.interleaved = true;
             } else if part == "sg" {
                 cfg.subgroup = true;
+            } else if part == "xq8" {
+                cfg.x_q8 = true;
             } else if part != "xvec4" && part != "wvec4" {
                 return Err(Error::invalid(format!("matmul config {s:?}: unknown field {part:?} (want e.g. \"wg256 tpr16 nt1 words sg\")")));
             }
@@ -750,8 +759,41 @@ pub fn variants() -> Vec<Variant> {
             v.push(k.clone().into());
             v.push(k.define("Y_RESNORM", "").into());
         }
+        // X quantized to 8 bits (the row teams of the integer-dot types): from memory (scalar
+        // and vec4), from a gated unit, a prologue's norm, and with the norm epilogues.
+        if xq8_type(ty) {
+            let xq = |k: PipelineKey| k.define("XQ8", "").define("XQW", "64u");
+            for (ks, subgroup) in [(1, true), (4, true), (2, false)] {
+                let cfg = MatmulConfig {
+                    w_vec4: true,
+                    rows_per_team: 4,
+                    k_split: ks,
+                    subgroup,
+                    ..MatmulConfig::team(256, 8, 1)
+                };
+                let plain = key(ty, cfg).expect("listed");
+                let vec4 = key(ty, MatmulConfig { x_vec4: true, ..cfg }).expect("listed");
+                let keys = [
+                    xq(plain.clone()),
+                    xq(vec4),
+                    xq(key_glu(ty, cfg, Some(Activation::Silu)).expect("listed")),
+                    xq(key_glu_prologue(ty, cfg, Activation::GeluTanh, 256).expect("listed")),
+                    xq(key_prenorm(ty, cfg, 256, true, true).expect("listed")),
+                    xq(plain.clone()).define("Y_RESNORM", ""),
+                    xq(plain)
+                        .define("Y_NORMSCALE", "")
+                        .define("NS_SLOTS", "2u"),
+                ];
+                v.extend(keys.map(Variant::from));
+            }
+        }
     }
     v
+}
+
+/// The types whose row teams can multiply with X quantized to 8 bits (`XQ8`).
+fn xq8_type(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q5K)
 }
 
 /// `y[r] = sum_c W[r, c] * x[c]` for one token (decode), in the device's GEMV shape.
@@ -1092,6 +1134,35 @@ fn ks_bytes(cfg: MatmulConfig) -> u64 {
     } else {
         0
     }
+}
+
+/// Whether a GEMV of `ty` with `cols` values a row may quantize its X (`XQ8`, asked for by
+/// `cfg.x_q8`): a type with integer-dot items (Q8_0, Q4_K, Q5_K), `cols` a multiple of 32, and
+/// the quantized X (a byte a value and 16 bytes a block) within the workgroup storage beside
+/// what the kernel holds already (X as f32 where a prologue computes it, `x_wg`; the teams' and
+/// a norm's sums, `wg_sum`).
+pub fn xq8_fits(
+    ctx: &GpuContext,
+    cfg: MatmulConfig,
+    ty: GgmlType,
+    cols: u64,
+    x_wg: bool,
+    wg_sum: bool,
+) -> bool {
+    if !xq8_type(ty)
+        || !cols.is_multiple_of(32)
+        || cfg.tokens_per_thread != 1
+    {
+        return false;
+    }
+    let mut bytes = cols + cols / 32 * 16 + team_red_bytes(cfg) + ks_bytes(cfg);
+    if x_wg {
+        bytes += cols * 4;
+    }
+    if wg_sum {
+        bytes += cfg.workgroup_size as u64 * 4;
+    }
+    bytes <= ctx.limits.max_compute_workgroup_storage_size as u64
 }
 
 /// Whether a decode GEMV of `w` in shape `cfg` can compute its X with a [`PreNorm`] on this
@@ -1549,6 +1620,18 @@ fn prepare_full(
             }
             None => key(w.ty, cfg)?,
         },
+    };
+    let key = if cfg.x_q8 && cfg.rows_kernel(w.ty) && n_tokens == 1 {
+        let x_wg = key.defines.iter().any(|(k, _)| k == "X_WG");
+        let wg_sum = epi.is_some() || matches!(prologue, Prologue::Norm(_));
+        if xq8_fits(ctx, cfg, w.ty, w.cols, x_wg, wg_sum) {
+            key.define("XQ8", "")
+                .define("XQW", format!("{}u", w.cols / 4))
+        } else {
+            key
+        }
+    } else {
+        key
     };
     let key = match epi {
         Some(Epilogue::ResNorm(_)) => key.define("Y_RESNORM", ""),
