@@ -135,20 +135,29 @@ fn check(
 ) -> f64 {
     let (rows, cols, x_stride) = (rows as usize, cols as usize, x_stride as usize);
     let y_stride = rows + Y_PAD as usize;
+    // The reference and its scale per output, once for every tile (an unoptimized test build
+    // spent much of its time recomputing them per tile).
+    let reference: Vec<(f64, f64)> = (0..n_tokens as usize)
+        .flat_map(|t| {
+            let xt = &xs[X_OFF as usize + t * x_stride..X_OFF as usize + t * x_stride + cols];
+            (0..rows).map(move |r| {
+                let wr = &wf[r * cols..(r + 1) * cols];
+                let (mut want, mut scale) = (0.0f64, 0.0f64);
+                for (&a, &b) in wr.iter().zip(xt) {
+                    let p = a as f64 * b as f64;
+                    want += p;
+                    scale += p.abs();
+                }
+                (want, scale.max(1e-30))
+            })
+        })
+        .collect();
     let mut worst = 0.0f64;
     for (run, cfg) in got.iter().zip(tiles) {
         let mut written = vec![false; run.len()];
         for t in 0..n_tokens as usize {
-            let xt = &xs[X_OFF as usize + t * x_stride..X_OFF as usize + t * x_stride + cols];
             for r in 0..rows {
-                let wr = &wf[r * cols..(r + 1) * cols];
-                let want: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let scale: f64 = wr
-                    .iter()
-                    .zip(xt)
-                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
-                    .sum::<f64>()
-                    .max(1e-30);
+                let (want, scale) = reference[t * rows + r];
                 let i = Y_OFF as usize + t * y_stride + r;
                 written[i] = true;
                 let v = run[i] as f64;

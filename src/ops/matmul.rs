@@ -310,6 +310,7 @@ impl MatmulConfig {
             return Self {
                 rows_per_team: nr,
                 k_split: ks as u32,
+                x_q8: xq8_wanted(ty, rows, cols),
                 ..Self::team(wg, tpr, 1)
             }
             .fit(ctx);
@@ -772,7 +773,14 @@ pub fn variants() -> Vec<Variant> {
                     ..MatmulConfig::team(256, 8, 1)
                 };
                 let plain = key(ty, cfg).expect("listed");
-                let vec4 = key(ty, MatmulConfig { x_vec4: true, ..cfg }).expect("listed");
+                let vec4 = key(
+                    ty,
+                    MatmulConfig {
+                        x_vec4: true,
+                        ..cfg
+                    },
+                )
+                .expect("listed");
                 let keys = [
                     xq(plain.clone()),
                     xq(vec4),
@@ -780,15 +788,26 @@ pub fn variants() -> Vec<Variant> {
                     xq(key_glu_prologue(ty, cfg, Activation::GeluTanh, 256).expect("listed")),
                     xq(key_prenorm(ty, cfg, 256, true, true).expect("listed")),
                     xq(plain.clone()).define("Y_RESNORM", ""),
-                    xq(plain)
-                        .define("Y_NORMSCALE", "")
-                        .define("NS_SLOTS", "2u"),
+                    xq(plain).define("Y_NORMSCALE", "").define("NS_SLOTS", "2u"),
                 ];
                 v.extend(keys.map(Variant::from));
             }
         }
     }
     v
+}
+
+/// The fewest values (rows x cols) of a GEMV whose X the engine quantizes to 8 bits (`XQ8`).
+pub const XQ8_MIN_VALUES: u64 = 1 << 22;
+
+/// Whether the engine's GEMV of a `ty` weight `rows x cols` asks for X quantized to 8 bits:
+/// Q4_K and Q5_K of [`XQ8_MIN_VALUES`] values or more (`CERA_XQ8_MIN` overrides the bound;
+/// `CERA_XQ8_Q8=1` adds Q8_0, for a comparison).
+fn xq8_wanted(ty: GgmlType, rows: u64, cols: u64) -> bool {
+    use crate::gpu::knob::{knob, knob_u64};
+    let min = knob_u64("CERA_XQ8_MIN").unwrap_or(XQ8_MIN_VALUES);
+    let q8 = ty == GgmlType::Q8_0 && knob("CERA_XQ8_Q8").is_some_and(|v| v.trim() == "1");
+    (matches!(ty, GgmlType::Q4K | GgmlType::Q5K) || q8) && rows * cols >= min
 }
 
 /// The types whose row teams can multiply with X quantized to 8 bits (`XQ8`).
@@ -1055,9 +1074,7 @@ pub fn glu_fused_worth(ctx: &GpuContext, w: &GpuTensor) -> bool {
     let workgroups: u64 = w.parts.iter().map(|p| p.rows.div_ceil(rpw)).sum();
     // A shape that does not ask for the once-per-workgroup unit (a thread a row, the CPU
     // adapters' teams) recomputes it per row by design.
-    cfg.threads_per_row == 1
-        || !cfg.glu_prologue
-        || glu_prologue_fits(ctx, cfg, w.cols, workgroups)
+    cfg.threads_per_row == 1 || !cfg.glu_prologue || glu_prologue_fits(ctx, cfg, w.cols, workgroups)
 }
 
 /// Whether a GEMV in shape `cfg` (fitted) with a gated-unit X of `cols` values may compute it
@@ -1149,10 +1166,7 @@ pub fn xq8_fits(
     x_wg: bool,
     wg_sum: bool,
 ) -> bool {
-    if !xq8_type(ty)
-        || !cols.is_multiple_of(32)
-        || cfg.tokens_per_thread != 1
-    {
+    if !xq8_type(ty) || !cols.is_multiple_of(32) || cfg.tokens_per_thread != 1 {
         return false;
     }
     let mut bytes = cols + cols / 32 * 16 + team_red_bytes(cfg) + ks_bytes(cfg);
