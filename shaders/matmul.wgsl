@@ -30,7 +30,7 @@
 //   workgroup memory; a workgroup covers RPW / KS * NR rows. For GEMVs with few rows and long
 //   ones (Llama 3 8B's 4096 x 14336 down projection ran 256 workgroups of 8 teams), where too
 //   few workgroups kept too few loads in flight to stream W at full speed.
-//   XQ8 (with ROWS, TYPE_Q8_0 / Q4_K / Q5_K): X is quantized to 8 bits per block of 32 values
+//   XQ8 (NT = 1; with ROWS for TYPE_Q8_0 / Q4_K / Q5_K, with WORDS for TYPE_Q6_K): X is quantized to 8 bits per block of 32 values
 //   into workgroup memory before the rows' loop (xq8_prologue: d = max |x| / 127, q = round(x /
 //   d), and each half block's exact sum for the K-quants' mins), and the items multiply their
 //   quant bytes with X's through dot4I8Packed: four products and their sum in one integer
@@ -746,6 +746,9 @@ fn matmul(
     xbase = p.x_offset + t0 * p.x_stride;
 #ifdef GLU_WG
     xbase = 0u; // X is in xw4
+#endif
+#ifdef XQ8
+    xq8_prologue(lid);
 #endif
     for (var t = 0u; t < NT; t++) {
         acc[t] = 0.0;

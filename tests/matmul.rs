@@ -871,8 +871,8 @@ gpu_test!(matmul_norm_link_q8_0, check_norm_link(GgmlType::Q8_0));
 gpu_test!(matmul_norm_link_q4_k, check_norm_link(GgmlType::Q4K));
 gpu_test!(matmul_norm_link_q6_k, check_norm_link(GgmlType::Q6K));
 
-/// X quantized to 8 bits per block of 32 (`x_q8`, the integer-dot items of Q8_0, Q4_K and
-/// Q5_K): every row-team shape that can take it, X from memory as scalars and as vec4, against
+/// X quantized to 8 bits per block of 32 (`x_q8`, the integer-dot items of Q8_0, Q4_K, Q5_K
+/// and Q6_K): every team shape that can take it (Q6_K takes one row a team), X from memory as scalars and as vec4, against
 /// a reference that quantizes X the same way: `d = max |x| / 127`, `q = round(x / d)`. The
 /// K-quants' mins multiply the exact sums of X, so the reference splits W into its integer part
 /// `d * scale * q` (the block's `dmin` zeroed, then dequantized) and its mins (`W` minus that):
@@ -920,8 +920,9 @@ async fn check_xq8(ty: GgmlType) {
     {
         let bytes = synthetic_rows(ty, cols, rows, 300 + ci as u64);
         let wf = dequantize_to_vec(ty, &bytes).unwrap();
-        // The integer part: K-quant blocks with dmin (bytes 2..4) zeroed.
-        let int_part = if ty == GgmlType::Q8_0 {
+        // The integer part: Q4_K / Q5_K blocks with dmin (bytes 2..4) zeroed (Q8_0 and Q6_K have
+        // no mins).
+        let int_part = if matches!(ty, GgmlType::Q8_0 | GgmlType::Q6K) {
             wf.clone()
         } else {
             let mut b = bytes.clone();
@@ -1006,3 +1007,4 @@ async fn check_xq8(ty: GgmlType) {
 gpu_test!(matmul_xq8_q8_0, check_xq8(GgmlType::Q8_0));
 gpu_test!(matmul_xq8_q4_k, check_xq8(GgmlType::Q4K));
 gpu_test!(matmul_xq8_q5_k, check_xq8(GgmlType::Q5K));
+gpu_test!(matmul_xq8_q6_k, check_xq8(GgmlType::Q6K));

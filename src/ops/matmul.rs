@@ -182,8 +182,9 @@ pub struct MatmulConfig {
     /// independent, so this many are in flight per lane).
     pub unroll: u32,
     /// Quantize X to 8 bits per block of 32 in workgroup memory and multiply with integer dot
-    /// products (`XQ8`): only in the `ROWS` kernel of Q8_0, Q4_K and Q5_K, one token, `cols` a
-    /// multiple of 32, where the workgroup memory holds it ([`xq8_fits`]); ignored elsewhere.
+    /// products (`XQ8`): only in the `ROWS` kernel of Q8_0, Q4_K and Q5_K and the interleaved
+    /// one of Q6_K, one token, `cols` a multiple of 32, where the workgroup memory holds it
+    /// ([`xq8_fits`]); ignored elsewhere.
     pub x_q8: bool,
 }
 
@@ -318,7 +319,11 @@ impl MatmulConfig {
         let by_rows = (GEMV_THREADS / rows.max(1)).next_power_of_two();
         let by_items = (items_per_row(ty, cols) / 4).max(1).next_power_of_two();
         let tpr = by_rows.min(by_items).clamp(8, 32) as u32;
-        Self::team(wg, tpr, 1).fit(ctx)
+        Self {
+            x_q8: xq8_wanted(ty, rows, cols),
+            ..Self::team(wg, tpr, 1)
+        }
+        .fit(ctx)
     }
 
     /// The team shape of [`MatmulConfig::cpu_gemv`]: 64 threads, teams of 8 lanes with 8 rows
@@ -801,18 +806,31 @@ pub fn variants() -> Vec<Variant> {
 pub const XQ8_MIN_VALUES: u64 = 1 << 22;
 
 /// Whether the engine's GEMV of a `ty` weight `rows x cols` asks for X quantized to 8 bits:
-/// Q4_K and Q5_K of [`XQ8_MIN_VALUES`] values or more (`CERA_XQ8_MIN` overrides the bound;
-/// `CERA_XQ8_Q8=1` adds Q8_0, for a comparison).
+/// Q4_K, Q5_K and Q6_K of [`XQ8_MIN_VALUES`] values or more (`CERA_XQ8_MIN` overrides the
+/// bound; `CERA_XQ8_Q8=1` adds Q8_0, for a comparison).
 fn xq8_wanted(ty: GgmlType, rows: u64, cols: u64) -> bool {
     use crate::gpu::knob::{knob, knob_u64};
     let min = knob_u64("CERA_XQ8_MIN").unwrap_or(XQ8_MIN_VALUES);
     let q8 = ty == GgmlType::Q8_0 && knob("CERA_XQ8_Q8").is_some_and(|v| v.trim() == "1");
-    (matches!(ty, GgmlType::Q4K | GgmlType::Q5K) || q8) && rows * cols >= min
+    (matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) || q8) && rows * cols >= min
 }
 
-/// The types whose row teams can multiply with X quantized to 8 bits (`XQ8`).
+/// The types whose items can multiply with X quantized to 8 bits (`XQ8`).
 fn xq8_type(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q5K)
+    matches!(
+        ty,
+        GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K
+    )
+}
+
+/// Whether shape `cfg` (fitted, for the weight) has `XQ8` items for `ty`: the row teams of the
+/// 16-byte-item types, the interleaved word items of Q6_K.
+fn xq8_kernel(cfg: MatmulConfig, ty: GgmlType) -> bool {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q5K => cfg.rows_kernel(ty),
+        GgmlType::Q6K => cfg.interleaved && cfg.threads_per_row > 1,
+        _ => false,
+    }
 }
 
 /// `y[r] = sum_c W[r, c] * x[c]` for one token (decode), in the device's GEMV shape.
@@ -1154,7 +1172,7 @@ fn ks_bytes(cfg: MatmulConfig) -> u64 {
 }
 
 /// Whether a GEMV of `ty` with `cols` values a row may quantize its X (`XQ8`, asked for by
-/// `cfg.x_q8`): a type with integer-dot items (Q8_0, Q4_K, Q5_K), `cols` a multiple of 32, and
+/// `cfg.x_q8`): a type with integer-dot items (Q8_0, Q4_K, Q5_K, Q6_K), `cols` a multiple of 32, and
 /// the quantized X (a byte a value and 16 bytes a block) within the workgroup storage beside
 /// what the kernel holds already (X as f32 where a prologue computes it, `x_wg`; the teams' and
 /// a norm's sums, `wg_sum`).
@@ -1635,7 +1653,7 @@ fn prepare_full(
             None => key(w.ty, cfg)?,
         },
     };
-    let key = if cfg.x_q8 && cfg.rows_kernel(w.ty) && n_tokens == 1 {
+    let key = if cfg.x_q8 && xq8_kernel(cfg, w.ty) && n_tokens == 1 {
         let x_wg = key.defines.iter().any(|(k, _)| k == "X_WG");
         let wg_sum = epi.is_some() || matches!(prologue, Prologue::Norm(_));
         if xq8_fits(ctx, cfg, w.ty, w.cols, x_wg, wg_sum) {
