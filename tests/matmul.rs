@@ -1008,3 +1008,125 @@ gpu_test!(matmul_xq8_q8_0, check_xq8(GgmlType::Q8_0));
 gpu_test!(matmul_xq8_q4_k, check_xq8(GgmlType::Q4K));
 gpu_test!(matmul_xq8_q5_k, check_xq8(GgmlType::Q5K));
 gpu_test!(matmul_xq8_q6_k, check_xq8(GgmlType::Q6K));
+
+/// X quantized to 8 bits from every source a decode GEMV reads X from: memory (scalars and
+/// vec4), a gated unit (fused gate|up halves, computed once per workgroup), and a prologue's
+/// norm with a post-normed residual add. Each quantized run is compared with the same shape
+/// on f32 X (so the source, not the items, is under test here): within the quantization's
+/// error, 1e-2 of the sum of |terms| (an X read from the wrong place is off by about 1), and
+/// its pipeline must be the quantized one.
+async fn check_xq8_sources(ty: GgmlType) {
+    use cera_web::ops::glu::Activation;
+    use cera_web::ops::matmul::{PreAdd, PreNorm};
+    let ctx = common::context().await;
+    let (rows, cols) = (300u64, 512u64);
+    let c = cols as usize;
+    let bytes = synthetic_rows(ty, cols, rows, 61);
+    let wf = dequantize_to_vec(ty, &bytes).unwrap();
+    let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
+    let mut rng = Rng::new(ty.id() as u64 + 1300);
+    let shape = |x_q8| MatmulConfig {
+        rows_per_team: 4,
+        x_q8,
+        ..MatmulConfig::team(256, 8, 1)
+    };
+    let vec_tensor = |name: &str, v: &[f32]| {
+        upload_tensor(
+            &ctx,
+            name,
+            GgmlType::F32,
+            cols,
+            1,
+            bytemuck::cast_slice(v),
+            ctx.limits.max_binding(),
+        )
+        .unwrap()
+    };
+    let data = rng.vec(3 * c + 8);
+    let xb = ctx.storage_buffer("x", bytemuck::cast_slice(&data));
+    let wn = vec_tensor(
+        "wn",
+        &rng.vec(c).iter().map(|v| 1.0 + v).collect::<Vec<_>>(),
+    );
+    let wa = vec_tensor(
+        "wa",
+        &rng.vec(c).iter().map(|v| 0.5 + v).collect::<Vec<_>>(),
+    );
+    let out = ctx.empty_storage("r", cols * 4).unwrap();
+    let y = ctx.empty_storage("y", rows * 2 * 4).unwrap();
+    let mut worst = 0.0f64;
+    for source in ["x at 5", "x at 4 (vec4)", "gate|up", "prenorm"] {
+        let mut rec = cera_web::gpu::Recorder::new(&ctx);
+        for (i, x_q8) in [false, true].into_iter().enumerate() {
+            let y_off = i as u64 * rows;
+            match source {
+                "x at 5" => matmul::prepare(&mut rec, shape(x_q8), &w, &xb, 5, &y, y_off, 1),
+                "x at 4 (vec4)" => matmul::prepare(&mut rec, shape(x_q8), &w, &xb, 4, &y, y_off, 1),
+                "gate|up" => matmul::prepare_glu_fused(
+                    &mut rec,
+                    shape(x_q8),
+                    Activation::Silu,
+                    &w,
+                    &xb,
+                    4,
+                    cols + 4,
+                    2 * cols + 4,
+                    &y,
+                    y_off,
+                    1,
+                ),
+                _ => {
+                    let pre = PreNorm {
+                        x: &xb,
+                        add: Some(PreAdd {
+                            add: &xb,
+                            add_norm: Some(&wa),
+                            scale: 0.75,
+                            out: &out,
+                        }),
+                        w: &wn,
+                        eps: 1e-6,
+                    };
+                    matmul::prepare_prenorm_as(&mut rec, shape(x_q8), &w, &pre, &y, y_off)
+                }
+            }
+            .unwrap();
+        }
+        let prepared = rec.finish();
+        let labels: Vec<String> = prepared
+            .dispatches
+            .iter()
+            .map(|d| d.pipe.key.label())
+            .collect();
+        assert!(
+            !labels[0].contains("XQ8") && labels[1].contains("XQ8"),
+            "{ty} {source}: ran {labels:?}"
+        );
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        prepared.encode(&ctx, &mut enc);
+        ctx.queue.submit([enc.finish()]);
+        let got = read_f32(&ctx, &y, 0, 2 * rows as usize).await.unwrap();
+        let (plain, quant) = got.split_at(rows as usize);
+        for r in 0..rows as usize {
+            // The scale: the sum of |W| times 4, about the largest |X| of these sources (the
+            // X of a norm or a GLU is not at hand here to weigh each term).
+            let scale: f64 = wf[r * c..(r + 1) * c]
+                .iter()
+                .map(|v| v.abs() as f64)
+                .sum::<f64>()
+                * 4.0;
+            let err = (quant[r] as f64 - plain[r] as f64).abs() / scale.max(1e-30);
+            assert!(
+                err <= 1e-2,
+                "{ty} xq8 {source}: y[{r}] = {} against {} on f32 X (rel {err:e})",
+                quant[r],
+                plain[r]
+            );
+            worst = worst.max(err);
+        }
+    }
+    tlog!("{ty} xq8 sources: worst difference from f32 X {worst:.2e}");
+}
+
+gpu_test!(matmul_xq8_sources_q4_k, check_xq8_sources(GgmlType::Q4K));
+gpu_test!(matmul_xq8_sources_q6_k, check_xq8_sources(GgmlType::Q6K));
