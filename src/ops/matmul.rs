@@ -805,14 +805,30 @@ pub fn variants() -> Vec<Variant> {
 /// The fewest values (rows x cols) of a GEMV whose X the engine quantizes to 8 bits (`XQ8`).
 pub const XQ8_MIN_VALUES: u64 = 1 << 22;
 
-/// Whether the engine's GEMV of a `ty` weight `rows x cols` asks for X quantized to 8 bits:
-/// Q4_K, Q5_K and Q6_K of [`XQ8_MIN_VALUES`] values or more (`CERA_XQ8_MIN` overrides the
-/// bound; `CERA_XQ8_Q8=1` adds Q8_0, for a comparison).
+/// Whether the engine's GEMV of a `ty` weight `rows x cols` asks for X quantized to 8 bits.
+/// Measured on an H100 (`cera bench-gemv --shapes all`, us a GEMV, f32 X -> XQ8):
+/// - Q4_K with 4096-value rows (its row teams): Llama 3 8B's gate+up 61.5 -> 46.8, gate/up 32.4
+///   -> 26.5, q+k+v 15.8 -> 12.9, q/o 12.8 -> 10.6, the output head 245 -> 170; but the down
+///   projection's 14336-value rows 33.3 -> 38.9 (each of its 256 workgroups quantizes all of X
+///   for 8 rows), so wider rows keep f32 X;
+/// - the output heads of Q5_K (365 -> 209) and Q6_K (269 -> 190); Q6_K's other shapes went
+///   either way (q+k+v 16.6 -> 24.5, down 40.7 -> 35.5) and Q5_K's take no row teams;
+/// - Q8_0 gained little where it is large (the 8B head 195 -> 190) and keeps f32 X.
+///
+/// So: Q4_K GEMVs of [`XQ8_MIN_VALUES`] values or more with rows of at most 4096 values, and
+/// Q4_K, Q5_K and Q6_K output heads (65536 rows or more). `CERA_XQ8_MIN=N` instead asks for it
+/// on every Q4_K, Q5_K and Q6_K GEMV of N values or more (a huge N: never); `CERA_XQ8_Q8=1`
+/// adds Q8_0 to that rule. Bench knobs, natively.
 fn xq8_wanted(ty: GgmlType, rows: u64, cols: u64) -> bool {
     use crate::gpu::knob::{knob, knob_u64};
-    let min = knob_u64("CERA_XQ8_MIN").unwrap_or(XQ8_MIN_VALUES);
-    let q8 = ty == GgmlType::Q8_0 && knob("CERA_XQ8_Q8").is_some_and(|v| v.trim() == "1");
-    (matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) || q8) && rows * cols >= min
+    let k_type = matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K);
+    if let Some(min) = knob_u64("CERA_XQ8_MIN") {
+        let q8 = ty == GgmlType::Q8_0 && knob("CERA_XQ8_Q8").is_some_and(|v| v.trim() == "1");
+        return (k_type || q8) && rows * cols >= min;
+    }
+    let head = k_type && rows >= 65536;
+    let q4k = ty == GgmlType::Q4K && rows * cols >= XQ8_MIN_VALUES && cols <= 4096;
+    head || q4k
 }
 
 /// The types whose items can multiply with X quantized to 8 bits (`XQ8`).
