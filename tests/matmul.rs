@@ -98,6 +98,9 @@ const SHAPES: [MatmulConfig; 17] = [
     },
 ];
 
+/// What a prepared product runs: each dispatch's pipeline and grid.
+type Signature = Vec<(String, [u32; 3])>;
+
 /// Elements between Y regions, so offsets are exercised.
 const Y_GAP: u64 = 3;
 
@@ -118,7 +121,7 @@ async fn run_all(
     // A shape that the adapter turns into the same kernel and grid as an earlier one (`fit`
     // clears subgroups in the browser; types without 16-byte items take one row a team) is not
     // run again: its result is the earlier one's (`same[i]`).
-    let mut seen: Vec<(usize, Vec<(String, [u32; 3])>)> = Vec::new();
+    let mut seen: Vec<(usize, Signature)> = Vec::new();
     let mut same: Vec<usize> = Vec::new();
     for (i, cfg) in SHAPES.iter().enumerate() {
         let mut rec = cera_web::gpu::Recorder::new(ctx);
@@ -134,7 +137,7 @@ async fn run_all(
         )
         .unwrap();
         let prepared = rec.finish();
-        let sig: Vec<(String, [u32; 3])> = prepared
+        let sig: Signature = prepared
             .dispatches
             .iter()
             .map(|d| (d.pipe.key.label(), d.grid))
