@@ -30,13 +30,14 @@
 //   workgroup memory; a workgroup covers RPW / KS * NR rows. For GEMVs with few rows and long
 //   ones (Llama 3 8B's 4096 x 14336 down projection ran 256 workgroups of 8 teams), where too
 //   few workgroups kept too few loads in flight to stream W at full speed.
-//   XQ8 (NT = 1; with ROWS for TYPE_Q8_0 / Q4_K / Q5_K, with WORDS for TYPE_Q6_K): X is quantized to 8 bits per block of 32 values
-//   into workgroup memory before the rows' loop (xq8_prologue: d = max |x| / 127, q = round(x /
-//   d), and each half block's exact sum for the K-quants' mins), and the items multiply their
-//   quant bytes with X's through dot4I8Packed: four products and their sum in one integer
-//   instruction, where the float path spends a conversion, a subtraction and an FMA on each
-//   value. For large decode GEMVs of 4- to 8-bit weights, whose decoding, not their bytes,
-//   bounded them. XQW = cols / 4: X's words (cols a multiple of 32).
+//   XQ8 (NT = 1; with ROWS for TYPE_Q8_0 / Q4_K / Q5_K, with WORDS for TYPE_Q6_K): X is
+//   quantized to 8 bits per block of 32 values into workgroup memory before the rows' loop
+//   (xq8_prologue: d = max |x| / 127, q = round(x / d), and each half block's exact sum for the
+//   K-quants' mins), and the items multiply their quant bytes with X's through dot4I8Packed:
+//   four products and their sum in one integer instruction, where the float path spends a
+//   conversion, a subtraction and an FMA on each value. For large decode GEMVs of 4- to 8-bit
+//   weights, whose decoding, not their bytes, bounded them. XQW = cols / 4: X's words (cols a
+//   multiple of 32).
 //   XVEC4: X is bound as vec4 (16-byte loads); the host sets it only when X[t, 0] is a multiple
 //   of 4 elements for every token (x_offset and cols multiples of 4).
 //   X_GLU (with SILU or GELU): X is a gated unit's output computed on the fly, X = act(G) * U,
@@ -479,11 +480,13 @@ fn xq8_prologue(lid: u32) {
             amax = max(amax, abs(v[i]));
         }
         let m = max(max(amax.x, amax.y), max(amax.z, amax.w));
-        let inv = select(0.0, 127.0 / m, m > 0.0);
+        // A block this small is zeros to any product (and 127 / m could overflow to inf, and
+        // 0 * inf is NaN); the clamp keeps a rounding of 127.00001 in the byte.
+        let inv = select(0.0, 127.0 / m, m > 1e-30);
         var s0 = vec4<f32>(0.0);
         var s1 = vec4<f32>(0.0);
         for (var i = 0u; i < 8u; i++) {
-            xq[8u * b + i] = pack4xI8(vec4<i32>(round(v[i] * inv)));
+            xq[8u * b + i] = pack4xI8Clamp(vec4<i32>(round(v[i] * inv)));
             if i < 4u {
                 s0 += v[i];
             } else {

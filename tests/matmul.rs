@@ -950,7 +950,7 @@ async fn check_xq8(ty: GgmlType) {
             .chunks(32)
             .flat_map(|blk| {
                 let m = blk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                let inv = if m > 0.0 { 127.0 / m } else { 0.0 };
+                let inv = if m > 1e-30 { 127.0 / m } else { 0.0 };
                 let d = m / 127.0;
                 blk.iter()
                     .map(move |&v| (v * inv).round_ties_even() as f64 * d as f64)
