@@ -875,9 +875,10 @@ gpu_test!(matmul_norm_link_q4_k, check_norm_link(GgmlType::Q4K));
 gpu_test!(matmul_norm_link_q6_k, check_norm_link(GgmlType::Q6K));
 
 /// X quantized to 8 bits per block of 32 (`x_q8`, the integer-dot items of Q8_0, Q4_K, Q5_K
-/// and Q6_K): every team shape that can take it (Q6_K takes one row a team), X from memory as scalars and as vec4, against
-/// a reference that quantizes X the same way: `d = max |x| / 127`, `q = round(x / d)`. The
-/// K-quants' mins multiply the exact sums of X, so the reference splits W into its integer part
+/// and Q6_K): every team shape that can take it (Q6_K takes one row a team), X from memory as
+/// scalars and as vec4, against a reference that quantizes X the same way: `d = max |x| /
+/// 127`, `q = round(x / d)`. The K-quants' mins multiply the exact sums of X, so the reference
+/// splits W into its integer part
 /// `d * scale * q` (the block's `dmin` zeroed, then dequantized) and its mins (`W` minus that):
 /// `y = sum A * Xq + sum M * X`. The tolerance allows a few values rounded the other way at a
 /// near-tie (the GPU's `127 / max` may be a few ulps off). Each shape is checked to have run

@@ -1188,10 +1188,10 @@ fn ks_bytes(cfg: MatmulConfig) -> u64 {
 }
 
 /// Whether a GEMV of `ty` with `cols` values a row may quantize its X (`XQ8`, asked for by
-/// `cfg.x_q8`): a type with integer-dot items (Q8_0, Q4_K, Q5_K, Q6_K), `cols` a multiple of 32, and
-/// the quantized X (a byte a value and 16 bytes a block) within the workgroup storage beside
-/// what the kernel holds already (X as f32 where a prologue computes it, `x_wg`; the teams' and
-/// a norm's sums, `wg_sum`).
+/// `cfg.x_q8`): a type with integer-dot items (Q8_0, Q4_K, Q5_K, Q6_K), `cols` a multiple of
+/// 32, and the quantized X (a byte a value and 16 bytes a block) within the workgroup storage
+/// beside what the kernel holds already (X as f32 where a prologue computes it, `x_wg`; the
+/// teams' and a norm's sums, `wg_sum`).
 pub fn xq8_fits(
     ctx: &GpuContext,
     cfg: MatmulConfig,
