@@ -12,6 +12,13 @@
 // IN_GATE, IN_UP, HAS_SRC0, HAS_SRC1: which binding each input reads through (as in
 // elementwise.wgsl: an input in out's buffer reads through dst, inputs sharing a buffer share a
 // binding). One invocation per element, in a 2-D grid.
+//
+// Q8_OUT: out is not f32 but the unit quantized to 8 bits per block of 32 values, for a
+// product whose items multiply 8-bit X (matmul.wgsl XQ8_MEM), written by one invocation per
+// block: row r takes 3 n_cols / 8 words of dst from word r * 3 n_cols / 8 (out_offset and
+// out_stride unused), first its values as i8, four a word, in order (q = round(v / d),
+// d = max |v| / 127 over the block, a block of max |v| <= 1e-30 all zeros), then each block's
+// (d, sum of values 0..15, sum of 16..31, 0) as four f32. n_cols is a multiple of 32.
 
 #include "common_decls.tmpl"
 #include "act_decls.tmpl"
@@ -32,7 +39,11 @@ struct GluParams {
 }
 
 @group(0) @binding(0) var<uniform> p: GluParams;
+#ifdef Q8_OUT
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>; // out: (n_rows, 3 n_cols / 8) words
+#else
 @group(0) @binding(1) var<storage, read_write> dst: array<f32>; // out: (n_rows, out_stride) from out_offset
+#endif
 #ifdef HAS_SRC0
 @group(0) @binding(2) var<storage, read> src0: array<f32>;      // the first input buffer other than out's
 #endif
@@ -47,13 +58,59 @@ fn glu(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let idx = get_wid(wid, nwg) * WG_SIZE + lid;
+#ifdef Q8_OUT
+    glu_q8(idx);
+#else
     if idx >= p.n_rows * p.n_cols {
         return;
     }
     let r = idx / p.n_cols;
     let i = idx % p.n_cols;
-    let gr = p.gate_offset + (r / p.gate_group) * p.gate_group_stride + (r % p.gate_group) * p.gate_stride;
-    let g = IN_GATE[gr + i];
-    let u = IN_UP[p.up_offset + r * p.up_stride + i];
-    dst[p.out_offset + r * p.out_stride + i] = act(g) * u;
+    dst[p.out_offset + r * p.out_stride + i] = unit_at(r, i);
+#endif
 }
+
+// The gated unit's value at row r, column i.
+fn unit_at(r: u32, i: u32) -> f32 {
+    let gr = p.gate_offset + (r / p.gate_group) * p.gate_group_stride + (r % p.gate_group) * p.gate_stride;
+    return act(IN_GATE[gr + i]) * IN_UP[p.up_offset + r * p.up_stride + i];
+}
+
+#ifdef Q8_OUT
+// Block idx of the (n_rows, n_cols / 32) blocks: its 32 values, quantized.
+fn glu_q8(idx: u32) {
+    let nb = p.n_cols / 32u;
+    if idx >= p.n_rows * nb {
+        return;
+    }
+    let r = idx / nb;
+    let b = idx % nb;
+    var v: array<vec4<f32>, 8>;
+    var amax = vec4<f32>(0.0);
+    for (var i = 0u; i < 8u; i++) {
+        let c = 32u * b + 4u * i;
+        v[i] = vec4<f32>(unit_at(r, c), unit_at(r, c + 1u), unit_at(r, c + 2u), unit_at(r, c + 3u));
+        amax = max(amax, abs(v[i]));
+    }
+    let m = max(max(amax.x, amax.y), max(amax.z, amax.w));
+    // (As matmul.wgsl's xq8_prologue: a block this small is zeros, and 127 / m could be inf.)
+    let inv = select(0.0, 127.0 / m, m > 1e-30);
+    let row = r * (3u * p.n_cols / 8u);
+    var s0 = vec4<f32>(0.0);
+    var s1 = vec4<f32>(0.0);
+    for (var i = 0u; i < 8u; i++) {
+        dst[row + 8u * b + i] = pack4xI8Clamp(vec4<i32>(round(v[i] * inv)));
+        if i < 4u {
+            s0 += v[i];
+        } else {
+            s1 += v[i];
+        }
+    }
+    let one = vec4<f32>(1.0);
+    let sb = row + p.n_cols / 4u + 4u * b;
+    dst[sb] = bitcast<u32>(m / 127.0);
+    dst[sb + 1u] = bitcast<u32>(dot(s0, one));
+    dst[sb + 2u] = bitcast<u32>(dot(s1, one));
+    dst[sb + 3u] = 0u;
+}
+#endif

@@ -38,6 +38,11 @@
 //   conversion, a subtraction and an FMA on each value. For large decode GEMVs of 4- to 8-bit
 //   weights, whose decoding, not their bytes, bounded them. XQW = cols / 4: X's words (cols a
 //   multiple of 32).
+//   XQ8_MEM (with XQ8): X comes quantized from memory (bindings 15 and 16, one buffer: words,
+//   then from vec4 XQS0 = cols / 16 each block's scale and half sums), as glu.wgsl's Q8_OUT
+//   writes it: no prologue. For the decode GEMVs whose X a dispatch of its own computes (a
+//   GLU too wide for workgroup memory: Llama 3 8B's 14336-value down projection), where every
+//   workgroup quantizing all of X cost more than the integer items saved.
 //   XVEC4: X is bound as vec4 (16-byte loads); the host sets it only when X[t, 0] is a multiple
 //   of 4 elements for every token (x_offset and cols multiples of 4).
 //   X_GLU (with SILU or GELU): X is a gated unit's output computed on the fly, X = act(G) * U,
@@ -467,6 +472,16 @@ var<workgroup> red: array<f32, WG_SIZE * NT>; // (WG_SIZE, NT) partial sums
 #endif
 
 #ifdef XQ8
+#ifdef XQ8_MEM
+// X quantized already, by the dispatch that computed it (glu.wgsl Q8_OUT): one buffer, bound
+// twice: its words (X as i8, four a word, in order) and after them, from vec4 XQS0 on, each
+// block's (d, sum of values 0..15, of 16..31, 0).
+@group(0) @binding(15) var<storage, read> xq: array<u32>;
+@group(0) @binding(16) var<storage, read> xqs_mem: array<vec4<f32>>;
+fn xqs_at(b: u32) -> vec4<f32> {
+    return xqs_mem[XQS0 + b];
+}
+#else
 var<workgroup> xq: array<u32, XQW>;            // X as i8, four a word, in order
 var<workgroup> xqs: array<vec4<f32>, XQW / 8u>; // a block of 32: (d, sum of values 0..15, of 16..31, 0)
 // xq, xqs = X from xbase (whatever xv reads: memory, a gated unit, a prologue's array), a
@@ -498,6 +513,10 @@ fn xq8_prologue(lid: u32) {
     }
     workgroupBarrier();
 }
+fn xqs_at(b: u32) -> vec4<f32> {
+    return xqs[b];
+}
+#endif // XQ8_MEM
 // Words i .. i + 3 of xq.
 fn xq4(i: u32) -> vec4<u32> {
     return vec4<u32>(xq[i], xq[i + 1u], xq[i + 2u], xq[i + 3u]);
@@ -536,7 +555,9 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
     let en_mine = resnorm_in(p.y_offset + r0 + min(lane, NR - 1u) * RG);
 #endif
 #ifdef XQ8
+#ifndef XQ8_MEM
     xq8_prologue(slot * TPR + lane);
+#endif
 #endif
     if r0 < p.rows && t < p.n_tokens {
         // Rows past the part's end read clamped or zero words (WGSL bounds every access) and
@@ -751,7 +772,9 @@ fn matmul(
     xbase = 0u; // X is in xw4
 #endif
 #ifdef XQ8
+#ifndef XQ8_MEM
     xq8_prologue(lid);
+#endif
 #endif
     for (var t = 0u; t < NT; t++) {
         acc[t] = 0.0;

@@ -1134,3 +1134,207 @@ async fn check_xq8_sources(ty: GgmlType) {
 
 gpu_test!(matmul_xq8_sources_q4_k, check_xq8_sources(GgmlType::Q4K));
 gpu_test!(matmul_xq8_sources_q6_k, check_xq8_sources(GgmlType::Q6K));
+
+/// X read quantized from memory (`matmul::prepare_q8_x`, `XQ8_MEM`), as a GLU of its own
+/// dispatch writes it (`glu::prepare_q8`): the decode path of a down projection too wide for
+/// the gated unit in workgroup memory. Every team shape with 8-bit items, against the
+/// reference of `check_xq8` on the CPU's quantization of the CPU's unit (tolerance: a few
+/// quants rounded the other way at a near-tie); then the producer's epilogue (the residual
+/// add, the next norm's weight, the sums of squares) against the plain product; and the
+/// refusals: a shape without 8-bit items, a type without them, a buffer too small.
+async fn check_q8_x(ty: GgmlType) {
+    use cera_web::gpu::Recorder;
+    use cera_web::ops::glu::{self, Activation};
+    use cera_web::ops::matmul::{Epilogue, ResNorm};
+    let ctx = common::context().await;
+    let shapes = [
+        MatmulConfig {
+            rows_per_team: 4,
+            ..MatmulConfig::team(256, 8, 1)
+        },
+        MatmulConfig {
+            subgroup: false,
+            rows_per_team: 2,
+            k_split: 4,
+            ..MatmulConfig::team(256, 8, 1)
+        },
+        MatmulConfig::CPU_TEAMS,
+    ];
+    const TOL: f64 = 2e-4;
+    let mut rng = Rng::new(ty.id() as u64 + 1700);
+    let mut worst = 0.0f64;
+    for (ci, &(rows, cols)) in [(37u64, 1024u64), (300, 512)].iter().enumerate() {
+        let c = cols as usize;
+        let bytes = synthetic_rows(ty, cols, rows, 700 + ci as u64);
+        let wf = dequantize_to_vec(ty, &bytes).unwrap();
+        let int_part = if matches!(ty, GgmlType::Q8_0 | GgmlType::Q6K) {
+            wf.clone()
+        } else {
+            let mut b = bytes.clone();
+            for blk in b.chunks_mut(ty.block_bytes() as usize) {
+                blk[2] = 0;
+                blk[3] = 0;
+            }
+            dequantize_to_vec(ty, &b).unwrap()
+        };
+        let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
+        // gate at 4, up at cols + 4, over several magnitudes.
+        let data: Vec<f32> = rng
+            .vec(2 * c + 4)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * [0.3f32, 3.0, 12.0][i / 96 % 3])
+            .collect();
+        let (gate, up) = (&data[4..4 + c], &data[4 + c..4 + 2 * c]);
+        let unit: Vec<f32> = glu::reference(Activation::Silu, gate, up)
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        let xq: Vec<f64> = glu::reference_q8(&unit)
+            .iter()
+            .flat_map(|(q, d, _, _)| q.map(|v| v as f64 * *d as f64))
+            .collect();
+        let gu = ctx.storage_buffer("gate|up", bytemuck::cast_slice(&data));
+        let gv = cera_web::ops::elementwise::View {
+            buffer: &gu,
+            offset: 4,
+            stride: 2 * cols,
+        };
+        let uv = cera_web::ops::elementwise::View {
+            offset: 4 + cols,
+            ..gv
+        };
+        let qb = ctx.empty_storage("x q8", glu::q8_bytes(1, cols)).unwrap();
+        let y = ctx
+            .empty_storage("y", rows * shapes.len() as u64 * 4)
+            .unwrap();
+        let mut rec = Recorder::new(&ctx);
+        glu::prepare_q8(&mut rec, Activation::Silu, gv, uv, &qb, 1, cols as u32).unwrap();
+        for (i, cfg) in shapes.iter().enumerate() {
+            matmul::prepare_q8_x(&mut rec, *cfg, &w, &qb, &y, i as u64 * rows, None).unwrap();
+        }
+        // Refused: no 8-bit items in a thread-a-row shape; a buffer short of a block.
+        assert!(
+            matmul::prepare_q8_x(&mut rec, MatmulConfig::simple(1), &w, &qb, &y, 0, None).is_err()
+        );
+        let short = ctx
+            .empty_storage("short", glu::q8_bytes(1, cols) - 16)
+            .unwrap();
+        assert!(matmul::prepare_q8_x(&mut rec, shapes[0], &w, &short, &y, 0, None).is_err());
+        let prepared = rec.finish();
+        for (d, cfg) in prepared.dispatches[1..].iter().zip(&shapes) {
+            let label = d.pipe.key.label();
+            assert!(label.contains("XQ8_MEM"), "{ty} {cfg}: ran {label}");
+        }
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        prepared.encode(&ctx, &mut enc);
+        ctx.queue.submit([enc.finish()]);
+        let got = read_f32(&ctx, &y, 0, rows as usize * shapes.len())
+            .await
+            .unwrap();
+        for r in 0..rows as usize {
+            let (wr, ar) = (&wf[r * c..(r + 1) * c], &int_part[r * c..(r + 1) * c]);
+            let (mut want, mut scale) = (0.0f64, 0.0f64);
+            for k in 0..c {
+                let (wv, av, xv) = (wr[k] as f64, ar[k] as f64, unit[k] as f64);
+                want += av * xq[k] + (wv - av) * xv;
+                scale += (wv * xv).abs();
+            }
+            for (i, cfg) in shapes.iter().enumerate() {
+                let v = got[i * rows as usize + r] as f64;
+                let err = (v - want).abs() / scale.max(1e-30);
+                assert!(
+                    err <= TOL,
+                    "{ty} {rows}x{cols} q8 X, {cfg}: y[{r}] = {v}, want {want} (rel {err:e})"
+                );
+                worst = worst.max(err);
+            }
+        }
+
+        // The producer's epilogue in the engine's shape: resid += 0.5 * (W x), h = resid * en_w,
+        // and the workgroups' sums of resid^2.
+        let cfg = MatmulConfig::gemv_for(&ctx, ty, rows, cols);
+        if !matmul::q8_x_fits(&ctx, cfg, &w) {
+            continue; // (an adapter whose GEMV shape for this type has no 8-bit items)
+        }
+        let plain = ctx.empty_storage("plain", rows * 4).unwrap();
+        let r0: Vec<f32> = rng.vec(rows as usize);
+        let en: Vec<f32> = rng.vec(rows as usize).iter().map(|v| 1.0 + v).collect();
+        let resid = ctx.storage_buffer("resid", bytemuck::cast_slice(&r0));
+        let en_t = upload_tensor(
+            &ctx,
+            "en",
+            GgmlType::F32,
+            rows,
+            1,
+            bytemuck::cast_slice(&en),
+            ctx.limits.max_binding(),
+        )
+        .unwrap();
+        let hb = ctx.empty_storage("h", rows * 4).unwrap();
+        let n_ss = matmul::resnorm_partials(&ctx, cfg, &w);
+        let ss = ctx.empty_storage("ss", n_ss * 4).unwrap();
+        let epi = Epilogue::ResNorm(ResNorm {
+            w: &en_t,
+            h: &hb,
+            ss: &ss,
+            scale: 0.5,
+        });
+        let mut rec = Recorder::new(&ctx);
+        matmul::prepare_q8_x(&mut rec, cfg, &w, &qb, &plain, 0, None).unwrap();
+        let count = matmul::prepare_q8_x(&mut rec, cfg, &w, &qb, &resid, 0, Some(&epi)).unwrap();
+        assert_eq!(count, n_ss, "{ty}: sums of squares written");
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        rec.encode(&mut enc).unwrap();
+        ctx.queue.submit([enc.finish()]);
+        let p = read_f32(&ctx, &plain, 0, rows as usize).await.unwrap();
+        let ra = read_f32(&ctx, &resid, 0, rows as usize).await.unwrap();
+        let h = read_f32(&ctx, &hb, 0, rows as usize).await.unwrap();
+        let sums = read_f32(&ctx, &ss, 0, n_ss as usize).await.unwrap();
+        let mut sq = 0.0f64;
+        for r in 0..rows as usize {
+            let want = r0[r] as f64 + 0.5 * p[r] as f64;
+            let tol = 1e-5 * (r0[r].abs() as f64 + p[r].abs() as f64).max(1.0);
+            assert!(
+                (ra[r] as f64 - want).abs() <= tol,
+                "{ty} epilogue: resid[{r}] = {}, want {want}",
+                ra[r]
+            );
+            let hw = ra[r] as f64 * en[r] as f64;
+            assert!(
+                (h[r] as f64 - hw).abs() <= 1e-5 * hw.abs().max(1.0),
+                "{ty}: h[{r}]"
+            );
+            sq += ra[r] as f64 * ra[r] as f64;
+        }
+        let got_sq: f64 = sums.iter().map(|&v| v as f64).sum();
+        assert!(
+            (got_sq - sq).abs() <= 1e-5 * sq,
+            "{ty}: sum of squares {got_sq}, want {sq}"
+        );
+    }
+    // A type without 8-bit items.
+    let bytes = synthetic_rows(GgmlType::Q4_0, 256, 8, 5);
+    let w = upload_tensor(
+        &ctx,
+        "w",
+        GgmlType::Q4_0,
+        256,
+        8,
+        &bytes,
+        ctx.limits.max_binding(),
+    )
+    .unwrap();
+    let qb = ctx.empty_storage("x q8", glu::q8_bytes(1, 256)).unwrap();
+    let y = ctx.empty_storage("y", 32).unwrap();
+    let mut rec = Recorder::new(&ctx);
+    assert!(matmul::prepare_q8_x(&mut rec, shapes[0], &w, &qb, &y, 0, None).is_err());
+    tlog!(
+        "{ty} q8 X from memory: worst relative error {worst:.2e} (tolerance {TOL:.0e}), adapter {:?}",
+        ctx.adapter.name
+    );
+}
+
+gpu_test!(matmul_q8_x_q8_0, check_q8_x(GgmlType::Q8_0));
+gpu_test!(matmul_q8_x_q4_k, check_q8_x(GgmlType::Q4K));
+gpu_test!(matmul_q8_x_q6_k, check_q8_x(GgmlType::Q6K));

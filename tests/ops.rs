@@ -1028,6 +1028,110 @@ gpu_test!(glu_sigmoid_gate_grouped_by_head, async {
     }
 });
 
+// The gated unit quantized to 8 bits per block of 32 (`glu::prepare_q8`, what a GEMV with
+// 8-bit items reads): one row of 96 from separate buffers with a block of zeros and one of
+// tiny values, and three rows of the fused gate|up halves (2048 a row, at an odd offset) for
+// each activation, against `glu::reference_q8` of the f64 unit. A quant may differ by one where
+// the unit sits at a rounding tie within the GLU's own error (`glu` tolerance); the scale and
+// the half-block sums within that error; and inputs it cannot take are refused.
+gpu_test!(glu_q8_output, async {
+    use cera_web::gpu::readback::read_buffer;
+    let ctx = common::context().await;
+    let mut rng = Rng::new(29);
+    let tol = tolerance("glu");
+    let (mut worst_scale, mut worst_sum, mut off_by_one) = (0.0f64, 0.0f64, 0usize);
+    let mut values = 0usize;
+    for act in [Activation::Silu, Activation::GeluTanh, Activation::Sigmoid] {
+        for (t, nff, off) in [(1usize, 96usize, 0usize), (3, 2048, 1)] {
+            let mut fused: Vec<f32> = rng.vec(off + t * 2 * nff).iter().map(|v| v * 6.0).collect();
+            if nff == 96 {
+                // Gate 0 gives a unit of 0 (SiLU, GELU) in block 0; block 1 is tiny.
+                fused[..32].fill(0.0);
+                for v in &mut fused[off + nff + 32..off + nff + 64] {
+                    *v *= 1e-20;
+                }
+            }
+            let row = |r: usize, half: usize| {
+                let a = off + r * 2 * nff + half * nff;
+                fused[a..a + nff].to_vec()
+            };
+            let gate: Vec<f32> = (0..t).flat_map(|r| row(r, 0)).collect();
+            let up: Vec<f32> = (0..t).flat_map(|r| row(r, 1)).collect();
+            let unit: Vec<f32> = glu::reference(act, &gate, &up)
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+            let fb = ctx.storage_buffer("fused", bytemuck::cast_slice(&fused));
+            let gv = View {
+                buffer: &fb,
+                offset: off as u64,
+                stride: 2 * nff as u64,
+            };
+            let uv = View {
+                offset: (off + nff) as u64,
+                ..gv
+            };
+            let bytes = glu::q8_bytes(t as u64, nff as u64);
+            let ob = ctx.empty_storage("q8", bytes).unwrap();
+            let mut rec = Recorder::new(&ctx);
+            glu::prepare_q8(&mut rec, act, gv, uv, &ob, t as u32, nff as u32).unwrap();
+            // Refused: a row not of whole blocks, out in an input's buffer, out too small.
+            assert!(glu::prepare_q8(&mut rec, act, gv, uv, &ob, t as u32, 40).is_err());
+            assert!(glu::prepare_q8(&mut rec, act, gv, uv, &fb, t as u32, nff as u32).is_err());
+            let small = ctx.empty_storage("small", bytes - 4).unwrap();
+            assert!(glu::prepare_q8(&mut rec, act, gv, uv, &small, t as u32, nff as u32).is_err());
+            submit(&ctx, |enc| rec.encode(enc).unwrap());
+            let got = read_buffer(&ctx, &ob, 0, bytes).await.unwrap();
+            let words: &[u32] = bytemuck::cast_slice(&got);
+            for r in 0..t {
+                let base = r * 3 * nff / 8;
+                let vals = &unit[r * nff..(r + 1) * nff];
+                for (b, (q, d, s0, s1)) in glu::reference_q8(vals).into_iter().enumerate() {
+                    let blk = &vals[32 * b..32 * b + 32];
+                    let sum_abs: f64 = blk.iter().map(|v| v.abs() as f64).sum();
+                    let sb = base + nff / 4 + 4 * b;
+                    let gd = f32::from_bits(words[sb]) as f64;
+                    let (g0, g1) = (
+                        f32::from_bits(words[sb + 1]) as f64,
+                        f32::from_bits(words[sb + 2]) as f64,
+                    );
+                    let what = format!("{act:?} {t}x{nff} row {r} block {b}");
+                    let e = (gd - d as f64).abs() / (d as f64).max(1e-37);
+                    assert!(
+                        d == 0.0 && gd == 0.0 || e <= 4.0 * tol,
+                        "{what}: d {gd} want {d}"
+                    );
+                    worst_scale = worst_scale.max(if d == 0.0 { 0.0 } else { e });
+                    for (g, w) in [(g0, s0), (g1, s1)] {
+                        let e = (g - w as f64).abs() / sum_abs.max(1e-37);
+                        assert!(e <= 4.0 * tol, "{what}: half sum {g} want {w}");
+                        worst_sum = worst_sum.max(e);
+                    }
+                    assert_eq!(words[sb + 3], 0, "{what}: the fourth word");
+                    for k in 0..32 {
+                        let gq = (words[base + 8 * b + k / 4] >> (8 * (k % 4))) as u8 as i8;
+                        let diff = (gq as i32 - q[k] as i32).abs();
+                        // A tie: the unit times 127 / max within the GLU's error of n + 0.5.
+                        let scaled = blk[k] as f64 / d as f64;
+                        let near_tie = (scaled.abs().fract() - 0.5).abs() <= 200.0 * tol;
+                        assert!(
+                            diff == 0 || diff == 1 && near_tie,
+                            "{what}: value {k} quantized to {gq}, want {} ({scaled})",
+                            q[k]
+                        );
+                        off_by_one += diff as usize;
+                        values += 1;
+                    }
+                }
+            }
+        }
+    }
+    tlog!(
+        "glu q8: worst scale error {worst_scale:.2e}, half sums {worst_sum:.2e}, {off_by_one} of \
+         {values} quants one off at a tie"
+    );
+});
+
 gpu_test!(glu_silu_gelu_shapes_and_aliasing, async {
     let ctx = common::context().await;
     let mut rng = Rng::new(13);

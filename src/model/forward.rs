@@ -130,6 +130,9 @@ pub struct Workspace {
     o: wgpu::Buffer,
     /// gate and up side by side, `(n, 2 n_ff)`.
     gate_up: wgpu::Buffer,
+    /// One token's gated unit quantized to 8 bits (`glu::q8_bytes(1, n_ff)`), where a decode
+    /// plan's down projections read it so ([`kernels::glu_down`]).
+    xq8: wgpu::Buffer,
     /// `(n, 3 n_embd)`: a short-convolution layer's B | C | x (models with conv layers only).
     bcx: Option<wgpu::Buffer>,
     /// The gated delta-net layers' activations (models with them only).
@@ -391,6 +394,10 @@ impl Model {
             att: f("attn", b * hp.q_dim() as u64)?,
             o: f("o", b * hp.n_embd as u64)?,
             gate_up: f("gate_up", b * 2 * hp.n_ff as u64)?,
+            xq8: ctx.empty_storage(
+                "gated unit, 8-bit",
+                glu::q8_bytes(1, hp.n_ff as u64).max(16),
+            )?,
             bcx: if hp.conv_l_cache > 0 {
                 Some(f("bcx", b * 3 * hp.n_embd as u64)?)
             } else {
@@ -909,6 +916,7 @@ impl Model {
                     &mut rec,
                     self.w(&layer.down),
                     &ws.gate_up,
+                    Some(&ws.xq8),
                     &ws.x,
                     n,
                     hp.activation,
@@ -920,6 +928,7 @@ impl Model {
                 &mut rec,
                 self.w(&layer.down),
                 &ws.gate_up,
+                Some(&ws.xq8),
                 &ws.o,
                 n,
                 hp.activation,
@@ -1035,6 +1044,7 @@ impl Model {
             rec,
             self.w(&layer.down),
             &ws.gate_up,
+            Some(&ws.xq8),
             &ws.o,
             n,
             hp.activation,

@@ -276,6 +276,7 @@ impl Model {
             rec,
             self.w(&delta.out),
             &dws.zy,
+            None,
             &ws.o,
             n,
             Activation::Silu,

@@ -106,12 +106,21 @@ fn key(act: Activation, wg: u32, names: &[&str], reads: usize) -> PipelineKey {
     k
 }
 
-/// Both activations in every aliasing pattern.
+/// [`key`] of the quantized output ([`prepare_q8`]): its inputs never share out's buffer.
+fn q8_key(act: Activation, wg: u32, names: &[&str], reads: usize) -> PipelineKey {
+    key(act, wg, names, reads).define("Q8_OUT", "")
+}
+
+/// Every activation in every aliasing pattern, and the quantized output in those without out's
+/// buffer among the inputs.
 pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for act in [Activation::Silu, Activation::GeluTanh, Activation::Sigmoid] {
         for (names, reads) in two_input_patterns() {
             v.push(key(act, WORKGROUP_SIZE, &names, reads).into());
+            if !names.contains(&"dst") {
+                v.push(q8_key(act, WORKGROUP_SIZE, &names, reads).into());
+            }
         }
     }
     v
@@ -206,6 +215,97 @@ pub fn prepare_grouped(
     entries.extend(plan.entries(out.buffer));
     rec.push("glu", &pipe, &entries, grid);
     Ok(())
+}
+
+/// Bytes of [`prepare_q8`]'s output for `n_rows` rows of `n_cols` values: a byte a value and 16
+/// bytes a block of 32.
+pub fn q8_bytes(n_rows: u64, n_cols: u64) -> u64 {
+    n_rows * n_cols / 32 * (32 + 16)
+}
+
+/// `act(gate) * up` quantized to 8 bits per block of 32 values, into `out` (a buffer of its
+/// own, at least [`q8_bytes`]): per row, the values as i8 (four a word, in order), then each
+/// block's `(d, sum of values 0..15, sum of 16..31, 0)` as f32, where `d = max |v| / 127` and a
+/// value is `round(v / d)` (Q8_OUT in `shaders/glu.wgsl`). This is X as a GEMV with 8-bit items
+/// reads it ([`crate::ops::matmul::prepare_q8_x`]); `n_cols` is a multiple of 32.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_q8(
+    rec: &mut Recorder,
+    act: Activation,
+    gate: View,
+    up: View,
+    out: &wgpu::Buffer,
+    n_rows: u32,
+    n_cols: u32,
+) -> Result<()> {
+    let ctx = rec.ctx;
+    if !n_cols.is_multiple_of(32) {
+        return Err(Error::invalid(format!(
+            "glu: a quantized output of {n_cols} values a row (not a multiple of 32)"
+        )));
+    }
+    if out == gate.buffer || out == up.buffer {
+        return Err(Error::invalid(
+            "glu: a quantized output in an input's buffer",
+        ));
+    }
+    let need = q8_bytes(n_rows as u64, n_cols as u64);
+    if out.size() < need {
+        return Err(Error::invalid(format!(
+            "glu: a quantized output of {n_rows} x {n_cols} values needs {need} bytes, the \
+             buffer has {}",
+            out.size()
+        )));
+    }
+    let blocks = n_rows as u64 * (n_cols / 32) as u64;
+    u32_of("words", need / 4)?;
+    if blocks == 0 {
+        return Ok(());
+    }
+    let plan = BindingPlan::new(out, &[gate.buffer, up.buffer]);
+    let pipe = ctx.pipeline(&q8_key(
+        act,
+        ctx.limits.workgroup_size(WORKGROUP_SIZE),
+        &plan.names,
+        plan.reads.len(),
+    ))?;
+    let params = GluParams {
+        n_rows,
+        n_cols,
+        gate_offset: u32_of("gate offset", gate.offset)?,
+        gate_stride: u32_of("gate stride", gate.stride)?,
+        up_offset: u32_of("up offset", up.offset)?,
+        up_stride: u32_of("up stride", up.stride)?,
+        gate_group: n_rows.max(1),
+        ..Default::default()
+    };
+    let groups = blocks.div_ceil(pipe.decisions.workgroup_size as u64);
+    let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
+    let label = pipe.key.label();
+    let ubuf = rec.uniform(&label, &params);
+    let mut entries = vec![buffer_entry(0, &ubuf)];
+    entries.extend(plan.entries(out));
+    rec.push("glu", &pipe, &entries, grid);
+    Ok(())
+}
+
+/// CPU reference of [`prepare_q8`]: `values` (a row, a multiple of 32) as the kernel quantizes
+/// it, each block's `(quants, d, sum of 0..15, sum of 16..31)`.
+pub fn reference_q8(values: &[f32]) -> Vec<([i8; 32], f32, f32, f32)> {
+    values
+        .chunks(32)
+        .map(|blk| {
+            let m = blk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let inv = if m > 1e-30 { 127.0 / m } else { 0.0 };
+            let mut q = [0i8; 32];
+            for (qi, &v) in q.iter_mut().zip(blk) {
+                *qi = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+            }
+            let s0: f32 = blk[..16].iter().sum();
+            let s1: f32 = blk[16..].iter().sum();
+            (q, m / 127.0, s0, s1)
+        })
+        .collect()
 }
 
 /// CPU reference in f64 on plain slices of equal length.

@@ -766,7 +766,8 @@ pub fn variants() -> Vec<Variant> {
             v.push(k.define("Y_RESNORM", "").into());
         }
         // X quantized to 8 bits (the row teams of the integer-dot types): from memory (scalar
-        // and vec4), from a gated unit, a prologue's norm, and with the norm epilogues.
+        // and vec4), from a gated unit, a prologue's norm, with the norm epilogues, and read
+        // quantized from memory (plain and with the producer's epilogue).
         if xq8_type(ty) {
             let xq = |k: PipelineKey| k.define("XQ8", "").define("XQW", "64u");
             for (ks, subgroup) in [(1, true), (4, true), (2, false)] {
@@ -793,7 +794,16 @@ pub fn variants() -> Vec<Variant> {
                     xq(key_glu_prologue(ty, cfg, Activation::GeluTanh, 256).expect("listed")),
                     xq(key_prenorm(ty, cfg, 256, true, true).expect("listed")),
                     xq(plain.clone()).define("Y_RESNORM", ""),
-                    xq(plain).define("Y_NORMSCALE", "").define("NS_SLOTS", "2u"),
+                    xq(plain.clone())
+                        .define("Y_NORMSCALE", "")
+                        .define("NS_SLOTS", "2u"),
+                    xq(plain.clone())
+                        .define("XQ8_MEM", "")
+                        .define("XQS0", "16u"),
+                    xq(plain)
+                        .define("XQ8_MEM", "")
+                        .define("XQS0", "16u")
+                        .define("Y_RESNORM", ""),
                 ];
                 v.extend(keys.map(Variant::from));
             }
@@ -1343,6 +1353,8 @@ enum Prologue<'a> {
     None,
     Norm(&'a PreNorm<'a>),
     Split(&'a SplitX<'a>),
+    /// X quantized to 8 bits in memory, the `Io`'s x ([`prepare_q8_x`]).
+    Q8,
 }
 
 /// X of a decode GEMV that a split attention's partial left as chunks
@@ -1536,6 +1548,73 @@ pub fn prepare_epilogue(
     prepare_full(rec, cfg, w, &io, glu, Prologue::None, Some(epi), 1)
 }
 
+/// Whether a decode GEMV of `w` in shape `cfg` can read X quantized to 8 bits from memory
+/// ([`prepare_q8_x`]): a type with integer-dot items in a shape that has them, `cols` a
+/// multiple of 32.
+pub fn q8_x_fits(ctx: &GpuContext, cfg: MatmulConfig, w: &GpuTensor) -> bool {
+    let cfg = cfg.fit(ctx).for_w(w.ty, w.cols);
+    xq8_type(w.ty)
+        && xq8_kernel(cfg, w.ty)
+        && w.cols.is_multiple_of(32)
+        && cfg.tokens_per_thread == 1
+}
+
+/// Whether the engine's decode GEMV of `w` reads a gated unit that a dispatch of its own
+/// computes quantized to 8 bits ([`crate::ops::glu::prepare_q8`], then [`prepare_q8_x`]) rather
+/// than as f32: wherever it can ([`q8_x_fits`] in the engine's GEMV shape), on GPUs (the CPU
+/// adapters' GEMVs compute the unit themselves). `CERA_XQ8_GLU=0` turns it off natively (a
+/// bench knob).
+pub fn q8_glu_wanted(ctx: &GpuContext, w: &GpuTensor) -> bool {
+    let off = crate::gpu::knob::knob("CERA_XQ8_GLU").is_some_and(|v| v.trim() == "0");
+    !off && q8_x_fits(ctx, MatmulConfig::gemv_for(ctx, w.ty, w.rows, w.cols), w)
+}
+
+/// `y[r] = sum_c W[r, c] * X[c]` for one token with X quantized to 8 bits in `xq` as
+/// [`crate::ops::glu::prepare_q8`] writes one row (from byte 0: `cols` bytes of quants, then 16
+/// bytes a block of 32), into `y` from element `y_offset`, with an optional epilogue; returns
+/// the sums of squares a [`ResNorm`] wrote. The items multiply 8-bit X (`XQ8_MEM` in
+/// `matmul.wgsl`): `cfg` must have them for `w` ([`q8_x_fits`]).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_q8_x(
+    rec: &mut Recorder,
+    cfg: MatmulConfig,
+    w: &GpuTensor,
+    xq: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    y_offset: u64,
+    epi: Option<&Epilogue>,
+) -> Result<u64> {
+    let bad = |what: String| Err(Error::invalid(format!("matmul {}: {what}", w.name)));
+    if !q8_x_fits(rec.ctx, cfg, w) {
+        return bad(format!(
+            "shape {} has no 8-bit X items for {} with {} cols",
+            cfg.fit(rec.ctx).for_w(w.ty, w.cols),
+            w.ty,
+            w.cols
+        ));
+    }
+    let need = crate::ops::glu::q8_bytes(1, w.cols);
+    if xq.size() < need {
+        return bad(format!(
+            "a quantized X of {} values needs {need} bytes, the buffer has {}",
+            w.cols,
+            xq.size()
+        ));
+    }
+    if let Some(epi) = epi {
+        check_epilogue(rec.ctx, cfg, w, xq, y, y_offset, epi)?;
+    }
+    let io = Io {
+        x: xq,
+        x_offset: 0,
+        x_stride: w.cols,
+        y,
+        y_offset,
+        y_stride: w.rows,
+    };
+    prepare_full(rec, cfg, w, &io, None, Prologue::Q8, epi, 1)
+}
+
 /// [`prepare_epilogue`]'s checks of `epi` on a GEMV of `w` in shape `cfg` reading `x`.
 fn check_epilogue(
     ctx: &GpuContext,
@@ -1640,6 +1719,11 @@ fn prepare_full(
     };
     let key = match prologue {
         Prologue::Split(sx) => key_split(w.ty, cfg, w.cols, sx.partials.chunk)?,
+        Prologue::Q8 => key(w.ty, cfg)?
+            .define("XQ8", "")
+            .define("XQ8_MEM", "")
+            .define("XQW", format!("{}u", w.cols / 4))
+            .define("XQS0", format!("{}u", w.cols / 16)),
         Prologue::Norm(pre) => {
             let add = pre.add.as_ref();
             key_prenorm(
@@ -1669,7 +1753,8 @@ fn prepare_full(
             None => key(w.ty, cfg)?,
         },
     };
-    let key = if cfg.x_q8 && xq8_kernel(cfg, w.ty) && n_tokens == 1 {
+    let from_memory = matches!(prologue, Prologue::Q8);
+    let key = if cfg.x_q8 && xq8_kernel(cfg, w.ty) && n_tokens == 1 && !from_memory {
         let x_wg = key.defines.iter().any(|(k, _)| k == "X_WG");
         let wg_sum = epi.is_some() || matches!(prologue, Prologue::Norm(_));
         if xq8_fits(ctx, cfg, w.ty, w.cols, x_wg, wg_sum) {
@@ -1755,6 +1840,8 @@ fn prepare_full(
         match split {
             // (X comes from the partials: the shader declares no X binding it uses.)
             Some(sx) => entries.extend([buffer_entry(13, sx.scratch), buffer_entry(14, sx.step)]),
+            // (The quantized X, bound as its words and as its blocks' scales.)
+            None if from_memory => entries.extend([buffer_entry(15, io.x), buffer_entry(16, io.x)]),
             None => entries.push(buffer_entry(2, io.x)),
         }
         if let Some((up, _, _)) = glu {
