@@ -257,9 +257,9 @@ pub fn prepare_q8(
             out.size()
         )));
     }
-    let blocks = n_rows as u64 * (n_cols / 32) as u64;
-    u32_of("words", need / 4)?;
-    if blocks == 0 {
+    // One invocation a word of quants (four values).
+    let words = u32_of("words", n_rows as u64 * (n_cols / 4) as u64)?;
+    if words == 0 {
         return Ok(());
     }
     let plan = BindingPlan::new(out, &[gate.buffer, up.buffer]);
@@ -279,8 +279,17 @@ pub fn prepare_q8(
         gate_group: n_rows.max(1),
         ..Default::default()
     };
-    let groups = blocks.div_ceil(pipe.decisions.workgroup_size as u64);
-    let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
+    let wg = pipe.decisions.workgroup_size;
+    if !wg.is_multiple_of(8) {
+        // (A block's eight invocations share a workgroup.)
+        return Err(Error::invalid(format!(
+            "glu: a quantized output in workgroups of {wg} (not a multiple of 8)"
+        )));
+    }
+    let grid = grid_2d(
+        (words as u64).div_ceil(wg as u64),
+        ctx.limits.max_compute_workgroups_per_dimension,
+    )?;
     let label = pipe.key.label();
     let ubuf = rec.uniform(&label, &params);
     let mut entries = vec![buffer_entry(0, &ubuf)];
