@@ -366,7 +366,9 @@ pub fn split_attention(
 /// Where one token's GLU is its own dispatch and the GEMV has 8-bit items
 /// ([`matmul::q8_glu_wanted`]), the GLU writes its output quantized into `xq8` (at least
 /// [`glu::q8_bytes`]`(1, n_ff)`; `None`: never) and the GEMV multiplies it with integer dot
-/// products: measured on an H100, Llama 3 8B's Q4_K down projection (4096 x 14336) ... .
+/// products. Measured on an H100, Llama 3 8B's Q4_K down projection (4096 x 14336): 45.3 us on
+/// f32 X -> 36.2 on the 8-bit unit, the GLU 9.6 -> 10.6 us; decode of the all-Q4_K 8B file
+/// 202.0 -> 207.9 tok/s.
 #[allow(clippy::too_many_arguments)]
 pub fn glu_down(
     rec: &mut Recorder,

@@ -284,9 +284,12 @@ impl MatmulConfig {
             let lanes =
                 |per_lane: u64| (items / per_lane).max(1).next_power_of_two().clamp(8, 32) as u32;
             let q8 = ty == GgmlType::Q8_0;
-            // Q5_K was not in the sweep that set the two rules below: it keeps one row a team
-            // and no row sharing under 65536 rows.
-            let swept = q8 || ty == GgmlType::Q4K;
+            // Q5_K takes Q4_K's row teams from XQ8_MIN_VALUES up, where a sweep with 8-bit X
+            // found them faster on every Llama 3 8B shape (H100, us, one row a team on f32 X ->
+            // row teams on 8-bit X: gate+up 82.2 -> 49-54, gate/up 42.9 -> 27-33, q/o 14.6 ->
+            // 11.8, k/v 8.1 -> 7.0); below it keeps one row a team (not swept).
+            let swept =
+                q8 || ty == GgmlType::Q4K || (ty == GgmlType::Q5K && rows * cols >= XQ8_MIN_VALUES);
             let (tpr, nr) = if rows >= 65536 || (q8 && rows >= 16384) {
                 (lanes(8), 4)
             } else if swept && rows >= 2048 {
@@ -822,11 +825,17 @@ pub const XQ8_MIN_VALUES: u64 = 1 << 22;
 ///   projection's 14336-value rows 33.3 -> 38.9 (each of its 256 workgroups quantizes all of X
 ///   for 8 rows), so wider rows keep f32 X;
 /// - the output heads of Q5_K (365 -> 209) and Q6_K (269 -> 190); Q6_K's other shapes went
-///   either way (q+k+v 16.6 -> 24.5, down 40.7 -> 35.5) and Q5_K's take no row teams;
-/// - Q8_0 gained little where it is large (the 8B head 195 -> 190) and keeps f32 X.
+///   either way in teams of 32 lanes (q+k+v 16.6 -> 24.5, down 40.7 -> 35.5) and Q5_K's took
+///   no row teams;
+/// - Q8_0 gained little where it is large (the 8B head 195 -> 190) and keeps f32 X;
+/// - in Q4_K's row teams (from [`XQ8_MIN_VALUES`] up, [`MatmulConfig::gemv_for`]) a later sweep
+///   found Q5_K's 8-bit items faster on every Llama 3 8B shape (figures there). Q6_K in teams of
+///   16 lanes on 8-bit X was faster in that sweep too (gate+up 66.4 -> 51.6, down 40.7 -> 30.4)
+///   but not end to end on a Q4_K_M-mix 8B file (decode 200.7 -> 190.9 tok/s: its down
+///   projections, reading the 8-bit unit from memory, 40.8 -> 61.1 us), so Q6_K keeps its shape.
 ///
-/// So: Q4_K GEMVs of [`XQ8_MIN_VALUES`] values or more with rows of at most 4096 values, and
-/// Q4_K, Q5_K and Q6_K output heads (65536 rows or more). `CERA_XQ8_MIN=N` instead asks for it
+/// So: Q4_K and Q5_K GEMVs of [`XQ8_MIN_VALUES`] values or more with rows of at most 4096
+/// values, and Q4_K, Q5_K and Q6_K output heads (65536 rows or more). `CERA_XQ8_MIN=N` instead asks for it
 /// on every Q4_K, Q5_K and Q6_K GEMV of N values or more (a huge N: never); `CERA_XQ8_Q8=1`
 /// adds Q8_0 to that rule. Bench knobs, natively.
 fn xq8_wanted(ty: GgmlType, rows: u64, cols: u64) -> bool {
@@ -837,8 +846,9 @@ fn xq8_wanted(ty: GgmlType, rows: u64, cols: u64) -> bool {
         return (k_type || q8) && rows * cols >= min;
     }
     let head = k_type && rows >= 65536;
-    let q4k = ty == GgmlType::Q4K && rows * cols >= XQ8_MIN_VALUES && cols <= 4096;
-    head || q4k
+    let big = rows * cols >= XQ8_MIN_VALUES;
+    let rows_kind = matches!(ty, GgmlType::Q4K | GgmlType::Q5K) && big && cols <= 4096;
+    head || rows_kind
 }
 
 /// The types whose items can multiply with X quantized to 8 bits (`XQ8`).
