@@ -874,6 +874,20 @@ gpu_test!(matmul_norm_link_q8_0, check_norm_link(GgmlType::Q8_0));
 gpu_test!(matmul_norm_link_q4_k, check_norm_link(GgmlType::Q4K));
 gpu_test!(matmul_norm_link_q6_k, check_norm_link(GgmlType::Q6K));
 
+/// The integer part of a weight for the 8-bit X references: Q4_K / Q5_K blocks with dmin (bytes
+/// 2..4) zeroed, dequantized; Q8_0 and Q6_K have no mins (`wf`, the whole weight, as it is).
+fn int_part(ty: GgmlType, bytes: &[u8], wf: &[f32]) -> Vec<f32> {
+    if matches!(ty, GgmlType::Q8_0 | GgmlType::Q6K) {
+        return wf.to_vec();
+    }
+    let mut b = bytes.to_vec();
+    for blk in b.chunks_mut(ty.block_bytes() as usize) {
+        blk[2] = 0;
+        blk[3] = 0;
+    }
+    dequantize_to_vec(ty, &b).unwrap()
+}
+
 /// X quantized to 8 bits per block of 32 (`x_q8`, the integer-dot items of Q8_0, Q4_K, Q5_K
 /// and Q6_K): every team shape that can take it (Q6_K takes one row a team), X from memory as
 /// scalars and as vec4, against a reference that quantizes X the same way: `d = max |x| /
@@ -924,18 +938,7 @@ async fn check_xq8(ty: GgmlType) {
     {
         let bytes = synthetic_rows(ty, cols, rows, 300 + ci as u64);
         let wf = dequantize_to_vec(ty, &bytes).unwrap();
-        // The integer part: Q4_K / Q5_K blocks with dmin (bytes 2..4) zeroed (Q8_0 and Q6_K have
-        // no mins).
-        let int_part = if matches!(ty, GgmlType::Q8_0 | GgmlType::Q6K) {
-            wf.clone()
-        } else {
-            let mut b = bytes.clone();
-            for blk in b.chunks_mut(ty.block_bytes() as usize) {
-                blk[2] = 0;
-                blk[3] = 0;
-            }
-            dequantize_to_vec(ty, &b).unwrap()
-        };
+        let int_part = int_part(ty, &bytes, &wf);
         let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
         // Values over several magnitudes, a block of zeros and one of a single value.
         let mut xs: Vec<f32> = rng
@@ -947,15 +950,9 @@ async fn check_xq8(ty: GgmlType) {
         xs[x_off as usize..x_off as usize + 32].fill(0.0);
         xs[x_off as usize + 64] = 5.0;
         let x = &xs[x_off as usize..];
-        let xq: Vec<f64> = x
-            .chunks(32)
-            .flat_map(|blk| {
-                let m = blk.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                let inv = if m > 1e-30 { 127.0 / m } else { 0.0 };
-                let d = m / 127.0;
-                blk.iter()
-                    .map(move |&v| (v * inv).round_ties_even() as f64 * d as f64)
-            })
+        let xq: Vec<f64> = cera_web::ops::glu::reference_q8(x)
+            .iter()
+            .flat_map(|(q, d, _, _)| q.map(|v| v as f64 * *d as f64))
             .collect();
         let xb = ctx.storage_buffer("x", bytemuck::cast_slice(&xs));
         let y = ctx
@@ -1167,16 +1164,7 @@ async fn check_q8_x(ty: GgmlType) {
         let c = cols as usize;
         let bytes = synthetic_rows(ty, cols, rows, 700 + ci as u64);
         let wf = dequantize_to_vec(ty, &bytes).unwrap();
-        let int_part = if matches!(ty, GgmlType::Q8_0 | GgmlType::Q6K) {
-            wf.clone()
-        } else {
-            let mut b = bytes.clone();
-            for blk in b.chunks_mut(ty.block_bytes() as usize) {
-                blk[2] = 0;
-                blk[3] = 0;
-            }
-            dequantize_to_vec(ty, &b).unwrap()
-        };
+        let int_part = int_part(ty, &bytes, &wf);
         let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
         // gate at 4, up at cols + 4, over several magnitudes.
         let data: Vec<f32> = rng

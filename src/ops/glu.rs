@@ -178,7 +178,6 @@ pub fn prepare_grouped(
     n_rows: u32,
     n_cols: u32,
 ) -> Result<()> {
-    let ctx = rec.ctx;
     if group.0 == 0 {
         return Err(Error::invalid("glu: a gate group of 0 rows"));
     }
@@ -187,32 +186,63 @@ pub fn prepare_grouped(
     if total == 0 {
         return Ok(());
     }
-    let plan = BindingPlan::new(out.buffer, &[gate.buffer, up.buffer]);
-    let pipe = ctx.pipeline(&key(
-        act,
-        ctx.limits.workgroup_size(WORKGROUP_SIZE),
-        &plan.names,
-        plan.reads.len(),
-    ))?;
     let params = GluParams {
-        n_rows,
-        n_cols,
         out_offset: u32_of("out offset", out.offset)?,
         out_stride: u32_of("out stride", out.stride)?,
+        gate_group: group.0,
+        gate_group_stride: u32_of("gate group stride", group.1)?,
+        ..io_params(gate, up, n_rows, n_cols)?
+    };
+    push(rec, act, false, gate, up, out.buffer, &params, total)
+}
+
+/// The uniform's sizes and input views (the rest zero, a plain gate).
+fn io_params(gate: View, up: View, n_rows: u32, n_cols: u32) -> Result<GluParams> {
+    Ok(GluParams {
+        n_rows,
+        n_cols,
         gate_offset: u32_of("gate offset", gate.offset)?,
         gate_stride: u32_of("gate stride", gate.stride)?,
         up_offset: u32_of("up offset", up.offset)?,
         up_stride: u32_of("up stride", up.stride)?,
-        gate_group: group.0,
-        gate_group_stride: u32_of("gate group stride", group.1)?,
+        gate_group: n_rows.max(1),
         ..Default::default()
-    };
-    let groups = total.div_ceil(pipe.decisions.workgroup_size as u64);
-    let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
+    })
+}
+
+/// Push the dispatch of `params` (the f32 or, with `q8`, the quantized output) over
+/// `invocations` invocations.
+#[allow(clippy::too_many_arguments)]
+fn push(
+    rec: &mut Recorder,
+    act: Activation,
+    q8: bool,
+    gate: View,
+    up: View,
+    out: &wgpu::Buffer,
+    params: &GluParams,
+    invocations: u64,
+) -> Result<()> {
+    let ctx = rec.ctx;
+    let plan = BindingPlan::new(out, &[gate.buffer, up.buffer]);
+    let wg = ctx.limits.workgroup_size(WORKGROUP_SIZE);
+    let make = if q8 { q8_key } else { key };
+    let pipe = ctx.pipeline(&make(act, wg, &plan.names, plan.reads.len()))?;
+    let wg = pipe.decisions.workgroup_size;
+    if q8 && !wg.is_multiple_of(8) {
+        // (A block's eight invocations share a workgroup.)
+        return Err(Error::invalid(format!(
+            "glu: a quantized output in workgroups of {wg} (not a multiple of 8)"
+        )));
+    }
+    let grid = grid_2d(
+        invocations.div_ceil(wg as u64),
+        ctx.limits.max_compute_workgroups_per_dimension,
+    )?;
     let label = pipe.key.label();
-    let ubuf = rec.uniform(&label, &params);
+    let ubuf = rec.uniform(&label, params);
     let mut entries = vec![buffer_entry(0, &ubuf)];
-    entries.extend(plan.entries(out.buffer));
+    entries.extend(plan.entries(out));
     rec.push("glu", &pipe, &entries, grid);
     Ok(())
 }
@@ -238,7 +268,6 @@ pub fn prepare_q8(
     n_rows: u32,
     n_cols: u32,
 ) -> Result<()> {
-    let ctx = rec.ctx;
     if !n_cols.is_multiple_of(32) {
         return Err(Error::invalid(format!(
             "glu: a quantized output of {n_cols} values a row (not a multiple of 32)"
@@ -262,40 +291,8 @@ pub fn prepare_q8(
     if words == 0 {
         return Ok(());
     }
-    let plan = BindingPlan::new(out, &[gate.buffer, up.buffer]);
-    let pipe = ctx.pipeline(&q8_key(
-        act,
-        ctx.limits.workgroup_size(WORKGROUP_SIZE),
-        &plan.names,
-        plan.reads.len(),
-    ))?;
-    let params = GluParams {
-        n_rows,
-        n_cols,
-        gate_offset: u32_of("gate offset", gate.offset)?,
-        gate_stride: u32_of("gate stride", gate.stride)?,
-        up_offset: u32_of("up offset", up.offset)?,
-        up_stride: u32_of("up stride", up.stride)?,
-        gate_group: n_rows.max(1),
-        ..Default::default()
-    };
-    let wg = pipe.decisions.workgroup_size;
-    if !wg.is_multiple_of(8) {
-        // (A block's eight invocations share a workgroup.)
-        return Err(Error::invalid(format!(
-            "glu: a quantized output in workgroups of {wg} (not a multiple of 8)"
-        )));
-    }
-    let grid = grid_2d(
-        (words as u64).div_ceil(wg as u64),
-        ctx.limits.max_compute_workgroups_per_dimension,
-    )?;
-    let label = pipe.key.label();
-    let ubuf = rec.uniform(&label, &params);
-    let mut entries = vec![buffer_entry(0, &ubuf)];
-    entries.extend(plan.entries(out));
-    rec.push("glu", &pipe, &entries, grid);
-    Ok(())
+    let params = io_params(gate, up, n_rows, n_cols)?;
+    push(rec, act, true, gate, up, out, &params, words as u64)
 }
 
 /// CPU reference of [`prepare_q8`]: `values` (a row, a multiple of 32) as the kernel quantizes
