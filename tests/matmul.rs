@@ -888,6 +888,27 @@ fn int_part(ty: GgmlType, bytes: &[u8], wf: &[f32]) -> Vec<f32> {
     dequantize_to_vec(ty, &b).unwrap()
 }
 
+/// The team shapes with 8-bit X items the XQ8 checks run: row teams with and without subgroups,
+/// with rows shared by teams, and the CPU adapters' teams.
+const XQ8_TEAMS: [MatmulConfig; 4] = [
+    MatmulConfig {
+        rows_per_team: 4,
+        ..MatmulConfig::team(256, 8, 1)
+    },
+    MatmulConfig {
+        rows_per_team: 2,
+        k_split: 4,
+        ..MatmulConfig::team(256, 8, 1)
+    },
+    MatmulConfig {
+        subgroup: false,
+        rows_per_team: 2,
+        k_split: 4,
+        ..MatmulConfig::team(256, 8, 1)
+    },
+    MatmulConfig::CPU_TEAMS,
+];
+
 /// X quantized to 8 bits per block of 32 (`x_q8`, the integer-dot items of Q8_0, Q4_K, Q5_K
 /// and Q6_K): every team shape that can take it (Q6_K takes one row a team), X from memory as
 /// scalars and as vec4, against a reference that quantizes X the same way: `d = max |x| /
@@ -899,30 +920,7 @@ fn int_part(ty: GgmlType, bytes: &[u8], wf: &[f32]) -> Vec<f32> {
 /// the quantized kernel (its pipeline's label).
 async fn check_xq8(ty: GgmlType) {
     let ctx = common::context().await;
-    let shapes = [
-        MatmulConfig {
-            rows_per_team: 4,
-            x_q8: true,
-            ..MatmulConfig::team(256, 8, 1)
-        },
-        MatmulConfig {
-            rows_per_team: 2,
-            k_split: 4,
-            x_q8: true,
-            ..MatmulConfig::team(256, 8, 1)
-        },
-        MatmulConfig {
-            subgroup: false,
-            rows_per_team: 2,
-            k_split: 4,
-            x_q8: true,
-            ..MatmulConfig::team(256, 8, 1)
-        },
-        MatmulConfig {
-            x_q8: true,
-            ..MatmulConfig::CPU_TEAMS
-        },
-    ];
+    let shapes = XQ8_TEAMS.map(|cfg| MatmulConfig { x_q8: true, ..cfg });
     const TOL: f64 = 2e-4;
     let mut rng = Rng::new(ty.id() as u64 + 900);
     let mut worst = 0.0f64;
@@ -1144,19 +1142,7 @@ async fn check_q8_x(ty: GgmlType) {
     use cera_web::ops::glu::{self, Activation};
     use cera_web::ops::matmul::{Epilogue, ResNorm};
     let ctx = common::context().await;
-    let shapes = [
-        MatmulConfig {
-            rows_per_team: 4,
-            ..MatmulConfig::team(256, 8, 1)
-        },
-        MatmulConfig {
-            subgroup: false,
-            rows_per_team: 2,
-            k_split: 4,
-            ..MatmulConfig::team(256, 8, 1)
-        },
-        MatmulConfig::CPU_TEAMS,
-    ];
+    let shapes = XQ8_TEAMS;
     const TOL: f64 = 2e-4;
     let mut rng = Rng::new(ty.id() as u64 + 1700);
     let mut worst = 0.0f64;
