@@ -9,8 +9,6 @@ use cera_web::gpu::readback::read_f32;
 use cera_web::gpu::GpuContext;
 use cera_web::ops::attention::{self, AttentionConfig, AttentionParams};
 use common::Rng;
-use std::cell::RefCell;
-use std::rc::Rc;
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
@@ -147,24 +145,8 @@ fn params(n_tokens: u32, n_head: u32, n_kv_head: u32, head_dim: u32, pos0: u32) 
     )
 }
 
-/// In Chrome one context for every test (they run on the page's one thread), so each shape's
-/// pipeline compiles once: SwiftShader's compile of a shape costs 0.1-0.5 s. Natively a context
-/// per test (each test has its own thread, and a context in a thread-local aborts at thread exit).
-async fn context() -> Rc<GpuContext> {
-    if cfg!(not(target_arch = "wasm32")) {
-        return Rc::new(common::context().await);
-    }
-    thread_local!(static CTX: RefCell<Option<Rc<GpuContext>>> = const { RefCell::new(None) });
-    if let Some(c) = CTX.with(|c| c.borrow().clone()) {
-        return c;
-    }
-    let c = Rc::new(common::context().await);
-    CTX.with(|slot| *slot.borrow_mut() = Some(c.clone()));
-    c
-}
-
 async fn run(name: &str, p: AttentionParams) {
-    let ctx = context().await;
+    let ctx = common::shared_context().await;
     check(&ctx, name, &SHAPES, p).await;
 }
 
@@ -338,7 +320,7 @@ gpu_test!(
 /// SwiftShader spends about 0.5 ms (128 threads) to 1.5 ms (256) per cooperative workgroup,
 /// 35-107 s for these 70400; the 2-D grid of the cooperative shape is proven natively.
 async fn many_pairs() {
-    let ctx = context().await;
+    let ctx = common::shared_context().await;
     let p = AttentionParams {
         window: 1,
         ..params(1100, 64, 1, 2, 0)
@@ -358,7 +340,7 @@ gpu_test!(more_than_65535_pairs, many_pairs());
 
 /// Bad shapes get clear errors before anything is encoded.
 async fn bad_arguments() {
-    let ctx = context().await;
+    let ctx = common::shared_context().await;
     let buf = ctx.empty_storage("attn small", 4096).unwrap();
     let out = ctx.empty_storage("attn out", 4096).unwrap();
     let mut enc = ctx.device.create_command_encoder(&Default::default());

@@ -18,8 +18,6 @@ use cera_web::ops::attention_split::{self, Fresh, Query, SplitConfig};
 use cera_web::ops::{qk_rope, rope::RopeTable};
 use cera_web::rope::{RopeConfig, RopeType};
 use common::Rng;
-use std::cell::RefCell;
-use std::rc::Rc;
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
@@ -51,21 +49,6 @@ fn now_ms() -> f64 {
             .as_secs_f64()
             * 1e3
     }
-}
-
-/// One context for every test in Chrome (one page thread; pipelines compile once), one per
-/// test natively (each test has its own thread).
-async fn context() -> Rc<GpuContext> {
-    if cfg!(not(target_arch = "wasm32")) {
-        return Rc::new(common::context().await);
-    }
-    thread_local!(static CTX: RefCell<Option<Rc<GpuContext>>> = const { RefCell::new(None) });
-    if let Some(c) = CTX.with(|c| c.borrow().clone()) {
-        return c;
-    }
-    let c = Rc::new(common::context().await);
-    CTX.with(|slot| *slot.borrow_mut() = Some(c.clone()));
-    c
 }
 
 /// Random Q, K and V for `p` on a cache of `n_ctx` cells; cells from `used` on poisoned.
@@ -167,7 +150,7 @@ fn params(n_tokens: u32, n_head: u32, n_kv_head: u32, head_dim: u32, pos0: u32) 
 }
 
 async fn run(name: &str, p: AttentionParams) {
-    let ctx = context().await;
+    let ctx = common::shared_context().await;
     check(&ctx, name, &SHAPES, p).await;
 }
 
@@ -362,7 +345,7 @@ fn prepare_roped(
 /// chunks (which hold partials of earlier runs). Each output must match the reference at its
 /// own position.
 async fn prepared_at_two_positions(name: &str, p0: AttentionParams, cfg: SplitConfig) {
-    let ctx = context().await;
+    let ctx = common::shared_context().await;
     let max_cells = 300u64;
     let (q, k, v) = inputs(&p0, max_cells as usize, max_cells as usize);
     let out = ctx.empty_storage("split out", q.len() as u64 * 4).unwrap();
@@ -418,7 +401,7 @@ async fn split_x(name: &str, p0: AttentionParams, cfg: SplitConfig, positions: &
     use cera_web::ops::matmul::{self, MatmulConfig, SplitX};
     use cera_web::quant::dequantize_to_vec;
     use cera_web::quant::gpu::{synthetic_rows, upload_tensor};
-    let ctx = context().await;
+    let ctx = common::shared_context().await;
     let max_cells = *positions.iter().max().unwrap() as u64 + 1;
     let (q, k, v) = inputs(&p0, max_cells as usize + 3, max_cells as usize);
     let mut rec = Recorder::new(&ctx);
@@ -559,7 +542,7 @@ gpu_test!(
 #[test]
 fn more_than_65535_workgroups() {
     pollster::block_on(async {
-        let ctx = context().await;
+        let ctx = common::shared_context().await;
         let p = AttentionParams {
             window: 1,
             ..params(1, 64, 1, 2, 4999)
@@ -577,7 +560,7 @@ fn more_than_65535_workgroups() {
 
 /// Bad shapes get clear errors before anything is encoded.
 async fn bad_arguments() {
-    let ctx = context().await;
+    let ctx = common::shared_context().await;
     let buf = ctx.empty_storage("split small", 4096).unwrap();
     let out = ctx.empty_storage("split out", 4096).unwrap();
     let scratch = ctx.empty_storage("split scratch", 64).unwrap();
@@ -652,7 +635,7 @@ gpu_test!(bad_arguments_are_clear_errors, bad_arguments());
 /// the best of 5 after a warm-up run. Logged, not asserted (the numbers decide which kernel a
 /// CPU adapter gets).
 async fn timing() {
-    let ctx = context().await;
+    let ctx = common::shared_context().await;
     for cells in [700u32, 4000] {
         let p = gemma(1, cells - 1, 0);
         let (q, k, v) = inputs(&p, cells as usize, cells as usize);
@@ -837,7 +820,7 @@ fn cache_error(got: &[f32], want: &[f32]) -> f32 {
 /// one prepared pair and a step buffer, in each shape of `shapes`: the output of every step and
 /// the caches after the last against the references.
 async fn check_fresh(name: &str, shapes: &[SplitConfig], c: FreshCase, positions: &[u32]) {
-    let ctx = context().await;
+    let ctx = common::shared_context().await;
     let n_ctx = *positions.iter().max().unwrap() as usize + 4;
     let first = positions[0] as usize;
     let (k0, v0, w) = fresh_inputs(&c, n_ctx, first);
@@ -1010,7 +993,7 @@ gpu_test!(
 );
 
 gpu_test!(fresh_refuses_what_it_cannot_run, async {
-    let ctx = context().await;
+    let ctx = common::shared_context().await;
     let c = GEMMA_FRESH;
     let table = RopeTable::new(&ctx, &c.rope()).unwrap();
     let (_, k_col, v_col, stride) = c.cols();

@@ -19,7 +19,7 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 const TOLERANCE: f64 = 2e-5;
 
 gpu_test!(gated_delta_chunks_heads_and_sizes, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(43);
     let mut worst = 0.0f64;
     for (s, hk, hv, chunks) in [

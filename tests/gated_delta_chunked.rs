@@ -33,7 +33,7 @@ use Form::{Chunked, Recurrent};
 type Case = (u32, u32, u32, Vec<(usize, Form)>);
 
 gpu_test!(gated_delta_chunked_equals_the_recurrent_rule, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(47);
     let mut worst = 0.0f64;
     // (head size, key heads, value heads, the batches fed in order and the form each runs)
@@ -182,7 +182,7 @@ gpu_test!(gated_delta_chunked_equals_the_recurrent_rule, async {
 
 // The chunk is sized from the workgroup memory the device grants: the longest that fits.
 gpu_test!(gated_delta_chunk_fits_the_workgroup_memory, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mem = ctx.limits.max_compute_workgroup_storage_size as u64;
     for s in [5u32, 16, 64, 128, 130, 256] {
         let cfg = ChunkedConfig::for_device(&ctx, s).unwrap();

@@ -177,7 +177,7 @@ async fn check_case(ctx: &GpuContext, c: &Case) {
 }
 
 async fn run(c: Case) {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     check_case(&ctx, &c).await;
 }
 
@@ -275,7 +275,7 @@ gpu_test!(
 
 /// Shifting by a then b equals shifting by a + b.
 async fn composition() {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let c = Case {
         freq_factors: true,
         layers: 2,
@@ -324,7 +324,7 @@ gpu_test!(shift_a_then_b_equals_shift_a_plus_b, composition());
 
 /// Bad arguments get clear errors, and the cache is unchanged.
 async fn bad_arguments() {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let c = Case::new(Neox, 64, 1, 10, 2, 0);
     let mut cache = KvCache::new(&ctx, c.cache_cfg()).unwrap();
     cache.advance(10).unwrap();

@@ -123,7 +123,7 @@ async fn read_rows(ctx: &GpuContext, t: &GpuTensor, first: u64, rows: u64) -> Ve
 }
 
 async fn load_and_check(chunk: usize, staging: usize, max_binding: Option<u64>, fuse: bool) {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let (file, datas) = model(7);
     let mut loader = StreamLoader::new(&ctx, Some(file.len() as u64))
         .with_staging(staging)
@@ -252,7 +252,7 @@ gpu_test!(
 );
 
 async fn errors() {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let (file, _) = model(9);
     // Truncated in the middle of the tensor data.
     let mut l = StreamLoader::new(&ctx, None);

@@ -132,8 +132,8 @@ fn compare(
 }
 
 /// A GPU context and the synthetic model of manifest entry `m`.
-async fn load(m: &serde_json::Value) -> (cera_web::gpu::GpuContext, Model) {
-    let ctx = common::context().await;
+async fn load(m: &serde_json::Value) -> (std::sync::Arc<cera_web::gpu::GpuContext>, Model) {
+    let ctx = common::shared_context().await;
     let bytes = fixture(m["model"].as_str().unwrap()).await;
     let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
     loader.push(&bytes).unwrap();
@@ -328,7 +328,7 @@ synthetic! {
 // positions. llama.cpp's own shift applies the attention factor again to cells that already carry
 // it (they would be 18 % too large). 30 tokens, n_keep 4, n_discard 12.
 gpu_test!(phi3_context_shift_equals_a_fresh_first_layer, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let bytes = fixture("models/phi3-F32.gguf").await;
     let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
     loader.push(&bytes).unwrap();

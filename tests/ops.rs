@@ -93,7 +93,7 @@ const SENTINEL: f32 = -777.0;
 /// A table of 45 rows split into 3 parts of 15 (and unsplit), gathered for ids on both sides of
 /// both boundaries, repeated and out of order, at offsets; rows before the output stay untouched.
 async fn check_embed(ty: GgmlType) {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let be = ty.block_elems();
     let colss: Vec<u64> = match be {
         1 => vec![37, 640],
@@ -214,7 +214,7 @@ fn at_offsets<'a, C>(
 }
 
 gpu_test!(rmsnorm_shapes_weights_in_place_and_fused_add, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(5);
     let eps = 1e-6f32;
     let mut worst = 0.0f64;
@@ -304,7 +304,7 @@ gpu_test!(rmsnorm_shapes_weights_in_place_and_fused_add, async {
 gpu_test!(rmsnorm_post_norm_residual_and_pre_norm_fused, async {
     // x += rmsnorm(add) * w_add * scale, then out = rmsnorm(x) * w: a block's post-norm, residual
     // add and the next pre-norm in one dispatch (also the scaled add alone, Granite's residual).
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(17);
     let eps = 1e-6f32;
     let mut worst = 0.0f64;
@@ -463,7 +463,7 @@ fn naive_f32_error(c: &RopeConfig, pos: u32) -> f64 {
 }
 
 gpu_test!(rope_positions_layouts_freq_factors_partial_rotary, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(9);
     let (n_heads, t) = (4u32, 2u32);
     let per = (t * n_heads * 256) as usize;
@@ -517,7 +517,7 @@ gpu_test!(rope_positions_layouts_freq_factors_partial_rotary, async {
 
 gpu_test!(rope_small_heads_norm_and_neox, async {
     // head_dim 64 with n_rot 32, 3 heads, 5 tokens: odd counts for the dispatch.
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(10);
     for rt in [RopeType::Neox, RopeType::Norm] {
         let mut c = RopeConfig::new(64, 10000.0, rt);
@@ -604,7 +604,7 @@ gpu_test!(qk_rope_norms_ropes_and_writes_the_cache, async {
     // against the norm and rope references: the real model's 4 x 256 heads over 1 KV head
     // (NeoX), GQA 6 over 2 heads of 64 NORM with partial rotary, one token and several, and
     // heads of more pairs than a workgroup has threads.
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(23);
     let eps = 1e-6f32;
     let mut worst = 0.0f64;
@@ -712,7 +712,7 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
     // The forward pass's form: q, k and v are columns of one projection output (T, stride) with
     // columns before, between and after them; the roped q goes to its own buffer. Same cases and
     // references as the separate form.
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(29);
     let eps = 1e-6f32;
     let mut worst = 0.0f64;
@@ -867,7 +867,7 @@ gpu_test!(qk_rope_reads_q_k_v_from_one_fused_output, async {
 });
 
 gpu_test!(rope_kv_write_lands_in_cells_pos0_on, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(12);
     // (n_kv_heads, head_dim, n_rot, layout): the real model's 1 x 256 NeoX; 2 x 64 NORM, n_rot 32.
     for (n_kv, hd, n_rot, rt) in [
@@ -973,7 +973,7 @@ gpu_test!(rope_kv_write_lands_in_cells_pos0_on, async {
 // its q in a projection row of `row` elements (heads 2 hd apart): rows (token, head) in groups of
 // `heads`. Head sizes 16 and 7 (odd), 1 and 3 tokens, in place in out's buffer.
 gpu_test!(glu_sigmoid_gate_grouped_by_head, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(17);
     for (t, heads, hd) in [(3usize, 4usize, 16usize), (1, 3, 7), (3, 1, 7)] {
         let row = 2 * heads * hd + 5; // q|gate per head, then k, v, ... (5 here)
@@ -1036,7 +1036,7 @@ gpu_test!(glu_sigmoid_gate_grouped_by_head, async {
 // the half-block sums within that error; and inputs it cannot take are refused.
 gpu_test!(glu_q8_output, async {
     use cera_web::gpu::readback::read_buffer;
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(29);
     let tol = tolerance("glu");
     let (mut worst_scale, mut worst_sum, mut off_by_one) = (0.0f64, 0.0f64, 0usize);
@@ -1133,7 +1133,7 @@ gpu_test!(glu_q8_output, async {
 });
 
 gpu_test!(glu_silu_gelu_shapes_and_aliasing, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(13);
     let mut worst = 0.0f64;
     for act in [Activation::Silu, Activation::GeluTanh] {
@@ -1291,7 +1291,7 @@ gpu_test!(glu_silu_gelu_shapes_and_aliasing, async {
 // elementwise
 
 gpu_test!(elementwise_add_scaled_bias_scale_and_aliasing, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(14);
     let mut worst = 0.0f64;
     let denom = |a: &[f32], b: &[f32], s: f32, bl: usize| -> Vec<f64> {

@@ -33,7 +33,7 @@ fn upload(ctx: &GpuContext, v: &[f32]) -> wgpu::Buffer {
 }
 
 gpu_test!(argmax_matches_cpu_over_awkward_sizes, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     for (s, &n) in SIZES.iter().enumerate() {
         for variant in 0..2u64 {
             let mut v = tied_logits(n, 10 + s as u64 * 2 + variant);
@@ -55,7 +55,7 @@ gpu_test!(argmax_matches_cpu_over_awkward_sizes, async {
 });
 
 gpu_test!(topk_matches_cpu_over_awkward_sizes, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     for (s, &n) in SIZES.iter().enumerate() {
         let v = tied_logits(n, 100 + s as u64);
         let buf = upload(&ctx, &v);
@@ -83,7 +83,7 @@ gpu_test!(topk_matches_cpu_over_awkward_sizes, async {
 });
 
 gpu_test!(penalties_match_cpu, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     for &n in &SIZES {
         let mut v = tied_logits(n, 200 + n as u64);
         let mut rng = Rng::new(n as u64);
@@ -148,7 +148,7 @@ async fn run_sampler(
 }
 
 gpu_test!(sampler_matches_full_vocab_cpu_chain, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     for (n, steps) in [(1000usize, 12usize), (262144, 4)] {
         let logits = smooth_logits(n, 7 + n as u64);
         let params = SamplerParams {
@@ -181,7 +181,7 @@ gpu_test!(sampler_matches_full_vocab_cpu_chain, async {
 });
 
 gpu_test!(seeded_sampling_repeats_and_top_k_1_is_greedy, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let logits = smooth_logits(1000, 99);
     let p = SamplerParams {
         seed: 5,
@@ -234,7 +234,7 @@ gpu_test!(seeded_sampling_repeats_and_top_k_1_is_greedy, async {
 });
 
 gpu_test!(penalties_lower_a_repeated_token, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let n = 1000;
     let mut logits = smooth_logits(n, 4);
     let a = cpu_argmax(&logits);
@@ -321,7 +321,7 @@ fn masks(n: usize, seed: u64) -> Vec<Vec<u32>> {
 }
 
 gpu_test!(mask_matches_cpu_over_awkward_sizes, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     for (s, &n) in SIZES.iter().chain(&[33usize, 262145]).enumerate() {
         let logits = tied_logits(n, 300 + s as u64);
         for (m, bits) in masks(n, 400 + s as u64).iter().enumerate() {
@@ -351,7 +351,7 @@ gpu_test!(mask_matches_cpu_over_awkward_sizes, async {
 
 // The GPU mask then the argmax / top-k equals the CPU chain on masked logits, greedy and sampled.
 gpu_test!(masked_logits_sample_only_allowed_tokens, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let n = 262144usize;
     let logits = smooth_logits(n, 77);
     let bits = &masks(n, 78)[3];
@@ -389,7 +389,7 @@ gpu_test!(masked_logits_sample_only_allowed_tokens, async {
 // Mask time per step on the Gemma 3 vocabulary: the upload of the bitset plus the dispatch,
 // measured over a few submits (the CPU side, llguidance's mask, is timed in the model tests).
 gpu_test!(mask_time_on_a_gemma_sized_vocabulary, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let n = 262144usize;
     let buf = upload(&ctx, &smooth_logits(n, 5));
     let op = TokenMask::new(&ctx, &buf, n as u32).unwrap();

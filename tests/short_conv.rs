@@ -19,7 +19,7 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 const TOLERANCE: f64 = 1e-6;
 
 gpu_test!(short_conv_chunks_widths_and_channels, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(31);
     let mut worst = 0.0f64;
     for (n_embd, l_cache, chunks) in [
@@ -118,7 +118,7 @@ gpu_test!(short_conv_chunks_widths_and_channels, async {
 
 gpu_test!(conv_rows_move_with_their_tokens_in_a_shift, async {
     // Layers: attention, conv, conv (width 40 > the 2 x 8 K cell, so the scratch grows).
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let (n_ctx, width) = (12u32, 40u32);
     let rope = RopeConfig::new(8, 10000.0, RopeType::Neox);
     let cfg = KvCacheConfig {

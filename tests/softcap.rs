@@ -12,7 +12,7 @@ use common::Rng;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 gpu_test!(softcap_matches_tanh_reference, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(41);
     for (count, cap) in [(1usize, 30.0f32), (37, 2.5), (1025, 50.0)] {
         let mut x: Vec<f32> = rng.vec(count + 3).iter().map(|v| v * 4.0 * cap).collect();

@@ -19,7 +19,7 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 const TOLERANCE: f64 = 2e-6;
 
 gpu_test!(ssm_conv_chunks_widths_and_channels, async {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let mut rng = Rng::new(41);
     let mut worst = 0.0f64;
     for (channels, d_conv, chunks) in [

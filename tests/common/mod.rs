@@ -60,6 +60,29 @@ pub async fn context() -> cera_web::gpu::GpuContext {
         .expect("a GPU adapter (lavapipe natively, SwiftShader in Chrome)")
 }
 
+#[cfg(target_arch = "wasm32")]
+thread_local! {
+    static SHARED: std::cell::RefCell<Option<std::sync::Arc<cera_web::gpu::GpuContext>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A GPU context a test may share with the other tests of its file. In Chrome they run one after
+/// another in one page, and SwiftShader compiles every pipeline anew on each device (about 2.4 s
+/// for one GEMM tile, measured), so one device for the file compiles each kernel variant once
+/// (the context's pipeline cache) instead of once per test. Natively the tests run in parallel
+/// threads and lavapipe compiles in milliseconds: each gets its own context there. Tests that
+/// count the context's buffers, lose its device or provoke its errors take [`context`] instead.
+pub async fn shared_context() -> std::sync::Arc<cera_web::gpu::GpuContext> {
+    #[cfg(target_arch = "wasm32")]
+    if let Some(ctx) = SHARED.with(|s| s.borrow().clone()) {
+        return ctx;
+    }
+    let ctx = std::sync::Arc::new(context().await);
+    #[cfg(target_arch = "wasm32")]
+    SHARED.with(|s| *s.borrow_mut() = Some(ctx.clone()));
+    ctx
+}
+
 /// A tiny llama-architecture GGUF made here from a seed, with a SentencePiece vocabulary so a
 /// `Session` (which detokenizes) can run it: F32 weights, `n_vocab` 256, `n_embd` 64, 4 heads (2 KV
 /// heads) of 16, `n_ff` 128, `n_layer` layers. With one layer every K/V cell depends only on its
