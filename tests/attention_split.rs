@@ -29,9 +29,9 @@ const ATOL: f32 = 1e-5;
 const POISON: f32 = 1e3;
 
 const SHAPES: [SplitConfig; 4] = [
-    SplitConfig::new(256, 16, 16), // the engine's default (SplitConfig::for_device)
+    SplitConfig::new(256, 16, 16), // the engine's shape for heads of 256 (SplitConfig::for_head)
     SplitConfig::new(512, 32, 16), // a shape measured at depth (fitted to the device's limits)
-    SplitConfig::new(256, 64, 8),
+    SplitConfig::new(128, 32, 8),  // the engine's shape for smaller heads
     SplitConfig::new(64, 4, 1),
 ];
 
@@ -564,7 +564,7 @@ async fn bad_arguments() {
     let buf = ctx.empty_storage("split small", 4096).unwrap();
     let out = ctx.empty_storage("split out", 4096).unwrap();
     let scratch = ctx.empty_storage("split scratch", 64).unwrap();
-    let cfg = SplitConfig::for_device(&ctx);
+    let cfg = SplitConfig::for_head(&ctx, 256);
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     let mut err = |c: SplitConfig, p: AttentionParams, o: &wgpu::Buffer| {
         attention_split::encode(&ctx, &mut enc, c, &p, &buf, &buf, &buf, o)
@@ -656,7 +656,7 @@ async fn timing() {
                     attention_split::encode(
                         &ctx,
                         &mut enc,
-                        SplitConfig::for_device(&ctx),
+                        SplitConfig::for_head(&ctx, p.head_dim),
                         &p,
                         &qb,
                         &kb,

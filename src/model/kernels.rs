@@ -313,7 +313,7 @@ pub fn split_x_cells(ctx: &GpuContext, hp: &HParams) -> u32 {
     if matmul::is_cpu_adapter(ctx) || hp.attn_gate || !hp.head_dim.is_multiple_of(4) {
         return 0;
     }
-    let chunk = attention_split::SplitConfig::for_device(ctx).chunk as u64;
+    let chunk = attention_split::SplitConfig::for_head(ctx, hp.head_dim).chunk as u64;
     let cells = split_x_max_chunks() / (hp.n_head as u64).max(1) * chunk;
     cells.min(u32::MAX as u64) as u32
 }
@@ -337,7 +337,7 @@ pub fn split_attention(
     if n != 1 || !split.unwrap_or(!matmul::is_cpu_adapter(ctx)) {
         return Ok(None);
     }
-    let cfg = attention_split::SplitConfig::for_device(ctx);
+    let cfg = attention_split::SplitConfig::for_head(ctx, hp.head_dim);
     let bytes = attention_split::scratch_bytes(&attention_params(hp, n, 0), cfg, max_cells as u64);
     let fresh = crate::gpu::knob::knob("CERA_FRESH_ATTN").as_deref() != Some("0")
         && attention_split::fresh_config(ctx, cfg, hp.head_dim).is_ok();

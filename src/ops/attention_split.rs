@@ -110,22 +110,34 @@ impl SplitConfig {
         }
     }
 
-    /// 256 threads, chunks of 16 cells, teams of 16. Gemma 3 270M's decode (4 heads, head_dim
-    /// 256 as 64 vec4) then runs 64 partial workgroups at 256 cells and 1000 at 4000; a team
-    /// reads a K row as 16 lanes x 4 vec4, sixteen cells at a time. Measured on an H200 (270M
-    /// decode tok/s after 256 / 4000 cells): 128,32,16 719 / 684; 128,16,16 756 / 691;
-    /// 128,8,16 752 / 645; 256,16,16 796 / 743; 256,8,32 787 / 695; 256,32,32 766 / 737.
+    /// The engine's shape for heads of `head_dim` values. Heads of 256 or more: 256 threads,
+    /// chunks of 16 cells, teams of 16. Gemma 3 270M's decode (4 heads, head_dim 256 as 64 vec4)
+    /// then runs 64 partial workgroups at 256 cells and 1000 at 4000; a team reads a K row as 16
+    /// lanes x 4 vec4, sixteen cells at a time. Measured on an H200 (270M decode tok/s after 256
+    /// / 4000 cells): 128,32,16 719 / 684; 128,16,16 756 / 691; 128,8,16 752 / 645; 256,16,16
+    /// 796 / 743; 256,8,32 787 / 695; 256,32,32 766 / 737.
+    ///
+    /// Smaller heads: 128 threads, chunks of 32 cells, teams of 8 (a lane still reads 4 vec4s
+    /// of a 128-value K row; twice the cells a chunk halve the partials the reduce combines).
+    /// Measured on an H100 (Llama 3 8B's 32 heads of 128, Q4_K, decode tok/s after 256 / 2000
+    /// cells): 256,16,16 210.3 / 171.5; 128,32,8 214.2 / 195.3; 128,64,8 211.3 / 196.2;
+    /// 256,32,16 214.4 / 187.9; 256,64,16 212.4 / 190.8; 128,16,16 213.7 / 183.4; 256,32,32
+    /// 212.3 / 179.8; 64,16,16 210.5 / 177.5.
     ///
     /// Native builds read `CERA_ATTN_SPLIT=WG,CHUNK,TEAM` instead when it is set, so that
     /// `cera bench` can compare shapes on a GPU without a rebuild (docs/benchmarking.md).
-    pub fn for_device(_ctx: &GpuContext) -> Self {
+    pub fn for_head(_ctx: &GpuContext, head_dim: u32) -> Self {
         if let Some(v) = crate::gpu::knob::knob("CERA_ATTN_SPLIT") {
             match Self::parse(&v) {
                 Some(cfg) => return cfg,
                 None => eprintln!("CERA_ATTN_SPLIT={v:?} is not WG,CHUNK,TEAM; using the default"),
             }
         }
-        Self::new(256, 16, 16)
+        if head_dim >= 256 {
+            Self::new(256, 16, 16)
+        } else {
+            Self::new(128, 32, 8)
+        }
     }
 
     /// `WG,CHUNK,TEAM`, three positive integers.
@@ -247,6 +259,7 @@ pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for cfg in [
         SplitConfig::new(128, 32, 16),
+        SplitConfig::new(128, 32, 8),
         SplitConfig::new(256, 64, 8),
         SplitConfig::new(64, 4, 1),
     ] {
@@ -260,6 +273,7 @@ pub fn variants() -> Vec<Variant> {
     for (cfg, head_dim, norm) in [
         (SplitConfig::new(256, 16, 16), 256, true),
         (SplitConfig::new(256, 16, 16), 128, false),
+        (SplitConfig::new(128, 32, 8), 128, false),
         (SplitConfig::new(64, 4, 1), 12, true),
     ] {
         for vec4 in [false, true] {
