@@ -37,6 +37,11 @@ pub const FILES: &[(&str, &str)] = &[
     ("kv_shift.wgsl", include_str!("../../shaders/kv_shift.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
     ("gemm.wgsl", include_str!("../../shaders/gemm.wgsl")),
+    ("gemm_q8.wgsl", include_str!("../../shaders/gemm_q8.wgsl")),
+    (
+        "quantize_x8.wgsl",
+        include_str!("../../shaders/quantize_x8.wgsl"),
+    ),
     ("penalty.wgsl", include_str!("../../shaders/penalty.wgsl")),
     ("mask.wgsl", include_str!("../../shaders/mask.wgsl")),
     ("topk.wgsl", include_str!("../../shaders/topk.wgsl")),
