@@ -1,8 +1,9 @@
 //! The 8-bit GEMM (`ops::gemm_q8`) and its X quantizer (`ops::quantize_x8`) against CPU
 //! references, natively and in headless Chrome.
 //!
-//! - `quantize_x8` against `glu::reference_q8` (the GLU's 8-bit output is the same layout):
-//!   rows with offsets and strides, a zero block and a block of tiny values.
+//! - `quantize_x8` in both styles (llama.cpp's Q8_0 and Q8_K activations) against a CPU
+//!   transcription of llama.cpp's rounding: rows with offsets and strides, a zero block, a block
+//!   of tiny values, a block whose largest value is negative.
 //! - `gemm_q8` for every type it reads and every tile the device allows, on the X the GPU
 //!   quantized (read back): row counts no tile divides (1, 37, 130), token counts no tile
 //!   divides (1, 7, 65), X rows at a word offset with spare words between them, a Y row stride
@@ -10,9 +11,9 @@
 //!   (bit-identical to the unsplit one), and a grid of more than 65535 workgroups.
 //!
 //! The reference is the kernel's arithmetic in f64: per block, the dequantized W times the
-//! dequantized 8-bit X, plus the min's term on X's exact sum, `mw (dx sum qx - sx)`, where a
-//! type has a min. Everything it computes is an f32 sum of exact integer dot products, so the
-//! bound is f32 rounding.
+//! dequantized 8-bit X, plus the min's term on the sum X's layout carries, `mw (dx sum qx - sx)`
+//! (zero when the sum is `dx sum qx`, as the quantizer writes it). Everything the kernel
+//! computes is an f32 sum of exact integer dot products, so the bound is f32 rounding.
 
 mod common;
 
@@ -20,7 +21,8 @@ use cera_web::gguf::GgmlType;
 use cera_web::gpu::readback::{read_buffer, read_f32};
 use cera_web::gpu::{GpuContext, GpuTensor, Recorder};
 use cera_web::ops::gemm::GemmConfig;
-use cera_web::ops::{gemm_q8, glu, quantize_x8};
+use cera_web::ops::quantize_x8::Style;
+use cera_web::ops::{gemm_q8, quantize_x8};
 use cera_web::quant::dequantize_to_vec;
 use cera_web::quant::gpu::{synthetic_rows, upload_tensor};
 use common::Rng;
@@ -86,13 +88,19 @@ fn mins(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Vec<f64> {
     out
 }
 
-/// X quantized by the GPU: `n_tokens` rows of `cols` values, each row's words.
-async fn quantize(ctx: &GpuContext, xs: &[f32], n_tokens: u32, cols: u64) -> Vec<u32> {
+/// X quantized by the GPU in `style`: `n_tokens` rows of `cols` values, each row's words.
+async fn quantize(
+    ctx: &GpuContext,
+    style: Style,
+    xs: &[f32],
+    n_tokens: u32,
+    cols: u64,
+) -> Vec<u32> {
     let x = ctx.storage_buffer("x", bytemuck::cast_slice(xs));
     let bytes = quantize_x8::bytes(n_tokens as u64, cols);
     let out = ctx.empty_storage("xq", bytes).unwrap();
     let mut rec = Recorder::new(ctx);
-    quantize_x8::prepare(&mut rec, &x, 0, cols, &out, n_tokens, cols as u32).unwrap();
+    quantize_x8::prepare(&mut rec, style, &x, 0, cols, &out, n_tokens, cols as u32).unwrap();
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     rec.encode(&mut enc).unwrap();
     ctx.queue.submit([enc.finish()]);
@@ -265,7 +273,7 @@ async fn check_type(ty: GgmlType) {
         let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
         for n_tokens in [1u32, 7, 65] {
             let xs = rng.vec((n_tokens as u64 * cols) as usize);
-            let xq = quantize(&ctx, &xs, n_tokens, cols).await;
+            let xq = quantize(&ctx, Style::for_type(ty), &xs, n_tokens, cols).await;
             let got = run_tiles(&ctx, &tiles, &w, &xq, n_tokens).await;
             let what = format!("{rows}x{cols} tokens {n_tokens}");
             worst = worst.max(check(
@@ -317,7 +325,7 @@ async fn check_type(ty: GgmlType) {
     assert_eq!(split.parts.len(), 3, "{ty}: the split plan");
     let n_tokens = 65u32;
     let xs = rng.vec((n_tokens as u64 * cols) as usize);
-    let xq = quantize(&ctx, &xs, n_tokens, cols).await;
+    let xq = quantize(&ctx, Style::for_type(ty), &xs, n_tokens, cols).await;
     let a = run_tiles(&ctx, &tiles, &whole, &xq, n_tokens).await;
     let b = run_tiles(&ctx, &tiles, &split, &xq, n_tokens).await;
     assert_eq!(a, b, "{ty}: split and unsplit differ");
@@ -344,78 +352,137 @@ gpu_test!(gemm_q8_q8_0, check_type(GgmlType::Q8_0));
 gpu_test!(gemm_q8_q4_0, check_type(GgmlType::Q4_0));
 gpu_test!(gemm_q8_q4_k, check_type(GgmlType::Q4K));
 
-// quantize_x8 against the GLU's reference of the same layout: rows from an offset with a wider
-// stride, a block of zeros and one of tiny values (both quantize to zeros with d = 0 or tiny).
-// A quant may differ by one where v * 127 / max sits at a rounding tie within f32 division's
-// error.
-gpu_test!(quantize_x8_matches_reference, async {
-    let ctx = common::shared_context().await;
-    let mut rng = Rng::new(41);
-    let (n_rows, cols, stride, off) = (5usize, 96usize, 101usize, 7usize);
-    let mut xs: Vec<f32> = rng
-        .vec(off + n_rows * stride)
-        .iter()
-        .map(|v| v * 4.0)
-        .collect();
-    xs[off..off + 32].fill(0.0);
-    for v in &mut xs[off + stride + 32..off + stride + 64] {
-        *v *= 1e-20;
-    }
-    let x = ctx.storage_buffer("x", bytemuck::cast_slice(&xs));
-    let bytes = quantize_x8::bytes(n_rows as u64, cols as u64);
-    let out = ctx.empty_storage("xq", bytes).unwrap();
-    let mut rec = Recorder::new(&ctx);
-    quantize_x8::prepare(
-        &mut rec,
-        &x,
-        off as u64,
-        stride as u64,
-        &out,
-        n_rows as u32,
-        cols as u32,
-    )
-    .unwrap();
-    let mut enc = ctx.device.create_command_encoder(&Default::default());
-    rec.encode(&mut enc).unwrap();
-    ctx.queue.submit([enc.finish()]);
-    let raw = read_buffer(&ctx, &out, 0, bytes).await.unwrap();
-    let words: &[u32] = bytemuck::cast_slice(&raw);
-    let mut off_by_one = 0;
-    for r in 0..n_rows {
-        let vals = &xs[off + r * stride..off + r * stride + cols];
-        for (b, (q, d, s0, s1)) in glu::reference_q8(vals).into_iter().enumerate() {
-            let (gq, gd, gs) = x_block(words, cols, r, b);
-            let what = format!("row {r} block {b}");
-            assert!(
-                (gd - d as f64).abs() <= 1e-6 * d as f64,
-                "{what}: d {gd} want {d}"
-            );
-            let sum_abs: f64 = vals[32 * b..32 * b + 32]
-                .iter()
-                .map(|v| v.abs() as f64)
-                .sum();
-            assert!(
-                (gs - (s0 as f64 + s1 as f64)).abs() <= 1e-6 * sum_abs.max(1e-37),
-                "{what}: sum {gs} want {}",
-                s0 + s1
-            );
-            for k in 0..32 {
-                let diff = (gq[k] as i32 - q[k] as i32).abs();
-                let scaled = vals[32 * b + k] as f64 / d as f64;
-                let near_tie = (scaled.abs().fract() - 0.5).abs() <= 1e-4;
-                assert!(
-                    diff == 0 || diff == 1 && near_tie,
-                    "{what}: value {k} quantized to {}, want {} ({scaled})",
-                    gq[k],
-                    q[k]
-                );
-                off_by_one += diff;
-            }
+/// llama.cpp's activation quantization (x86) of one block, `(quants, d)`: Q8_0 style
+/// (quantize_row_q8_0: d = max |x| / 127 stored as f16, quant = round(x * 127 / max |x|), ties to
+/// even) over 32 values, Q8_K style (quantize_row_q8_K_ref: s = -127 / the value of largest
+/// magnitude, quant = min(127, round(s x)), d = 1 / s) over 256.
+fn llama_quantize(style: Style, blk: &[f32]) -> (Vec<i8>, f32) {
+    let (mut amax, mut mx) = (0.0f32, 0.0f32);
+    for &v in blk {
+        if v.abs() > amax {
+            amax = v.abs();
+            mx = v;
         }
     }
-    let (_, d0, _) = x_block(words, cols, 0, 0);
-    assert_eq!(d0, 0.0, "a block of zeros has d = 0");
-    tlog!("quantize_x8: {off_by_one} quants off by one at ties");
+    if amax == 0.0 {
+        return (vec![0; blk.len()], 0.0);
+    }
+    match style {
+        Style::Q8_0 => {
+            let d = half_to_f32(f32_to_half(amax / 127.0));
+            let id = 127.0 / amax;
+            let q = blk
+                .iter()
+                .map(|&v| (v * id).round_ties_even() as i8)
+                .collect();
+            (q, d)
+        }
+        Style::Q8K => {
+            let s = -127.0 / mx;
+            let q = blk
+                .iter()
+                .map(|&v| ((s * v).round_ties_even() as i32).min(127) as i8)
+                .collect();
+            (q, 1.0 / s)
+        }
+    }
+}
+
+/// f32 to f16 bits, rounding to nearest even (the normal range; values far below it flush to
+/// zero, as f16 cannot hold them: what the tests need).
+fn f32_to_half(v: f32) -> u16 {
+    let b = v.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let e = ((b >> 23) & 0xff) as i32 - 127 + 15;
+    if v == 0.0 || e < -10 {
+        return sign;
+    }
+    assert!((1..31).contains(&e), "{v} is outside f16's normal range");
+    let m = b & 0x7f_ffff;
+    let mut h = ((e as u32) << 10) | (m >> 13);
+    let rest = m & 0x1fff;
+    if rest > 0x1000 || rest == 0x1000 && (h & 1) == 1 {
+        h += 1;
+    }
+    sign | h as u16
+}
+
+// quantize_x8 in both styles against llama.cpp's rounding: rows from an offset with a wider
+// stride, a block of zeros, a block of tiny values and blocks whose largest value is negative
+// (Q8_K's scale is signed). A quant may differ by one where the scaled value sits at a rounding
+// tie within f32 division's error; d and the sums (d times the quants' sum) are exact up to that.
+gpu_test!(quantize_x8_matches_llama_cpp, async {
+    let ctx = common::shared_context().await;
+    let mut rng = Rng::new(41);
+    for style in [Style::Q8_0, Style::Q8K] {
+        let (n_rows, cols, stride, off) = (5usize, 512usize, 515usize, 7usize);
+        let mut xs: Vec<f32> = rng
+            .vec(off + n_rows * stride)
+            .iter()
+            .map(|v| v * 4.0)
+            .collect();
+        xs[off..off + 256].fill(0.0);
+        for v in &mut xs[off + stride + 256..off + stride + 512] {
+            *v *= 1e-20;
+        }
+        xs[off + 2 * stride + 3] = -9.0;
+        xs[off + 2 * stride + 300] = -9.5;
+        let x = ctx.storage_buffer("x", bytemuck::cast_slice(&xs));
+        let bytes = quantize_x8::bytes(n_rows as u64, cols as u64);
+        let out = ctx.empty_storage("xq", bytes).unwrap();
+        let mut rec = Recorder::new(&ctx);
+        let (n, c) = (n_rows as u32, cols as u32);
+        quantize_x8::prepare(&mut rec, style, &x, off as u64, stride as u64, &out, n, c).unwrap();
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        rec.encode(&mut enc).unwrap();
+        ctx.queue.submit([enc.finish()]);
+        let raw = read_buffer(&ctx, &out, 0, bytes).await.unwrap();
+        let words: &[u32] = bytemuck::cast_slice(&raw);
+        let mut off_by_one = 0;
+        let sb = style.block() as usize;
+        for r in 0..n_rows {
+            let vals = &xs[off + r * stride..off + r * stride + cols];
+            for (big, blk) in vals.chunks(sb).enumerate() {
+                let (q, d) = llama_quantize(style, blk);
+                for sub in 0..sb / 32 {
+                    let b = big * sb / 32 + sub;
+                    let (gq, gd, gs) = x_block(words, cols, r, b);
+                    let what = format!("{style:?} row {r} block {b}");
+                    assert!(
+                        (gd - d as f64).abs() <= 1e-6 * d.abs() as f64,
+                        "{what}: d {gd} want {d}"
+                    );
+                    let mut qsum = 0i32;
+                    for k in 0..32 {
+                        let want = q[32 * sub + k];
+                        let diff = (gq[k] as i32 - want as i32).abs();
+                        let scaled = blk[32 * sub + k] as f64 / d as f64;
+                        let near_tie = (scaled.abs().fract() - 0.5).abs() <= 1e-4;
+                        assert!(
+                            diff == 0 || diff == 1 && near_tie,
+                            "{what}: value {k} quantized to {}, want {want} ({scaled})",
+                            gq[k]
+                        );
+                        off_by_one += diff;
+                        qsum += gq[k] as i32;
+                    }
+                    let want_sum = gd * qsum as f64;
+                    assert!(
+                        (gs - want_sum).abs() <= 1e-6 * (gd.abs() * 32.0 * 127.0),
+                        "{what}: sum {gs} want {want_sum}"
+                    );
+                }
+            }
+        }
+        let (_, d0, _) = x_block(words, cols, 0, 0);
+        assert_eq!(d0, 0.0, "{style:?}: a block of zeros has d = 0");
+        // Row 2's first block peaks at -9: the largest magnitude quantizes to -127 in both
+        // styles (Q8_K's d is minus that value over 127, so its sign follows the block's peak).
+        let (q2, d2, _) = x_block(words, cols, 2, 0);
+        assert_eq!(q2[3], -127, "{style:?}");
+        assert!(d2 > 0.0, "{style:?}: d {d2}");
+        tlog!("quantize_x8 {style:?}: {off_by_one} quants off by one at ties");
+    }
 });
 
 // More than 65535 workgroups: the 2-D grid, with the 16 x 16 tile (2 token tiles x 32769 row
@@ -431,7 +498,7 @@ gpu_test!(gemm_q8_grid_beyond_65535_workgroups, async {
     let mw = mins(ty, &bytes, rows as usize, cols as usize);
     let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
     let xs = Rng::new(3).vec((n_tokens as u64 * cols) as usize);
-    let xq = quantize(&ctx, &xs, n_tokens, cols).await;
+    let xq = quantize(&ctx, Style::Q8_0, &xs, n_tokens, cols).await;
     let got = run_tiles(&ctx, &[cfg], &w, &xq, n_tokens).await;
     let worst = check(
         ty,
@@ -478,11 +545,14 @@ gpu_test!(gemm_q8_refuses_bad_arguments, async {
     assert_eq!(e.code, cera_web::ErrorCode::UnsupportedQuant);
     // And the quantizer: a row not whole blocks, an output too small, the output in X's buffer.
     let x = ctx.empty_storage("x", 4 * 64 * 2).unwrap();
-    let e = quantize_x8::prepare(&mut rec, &x, 0, 48, &xq, 2, 48).unwrap_err();
+    let s = Style::Q8_0;
+    let e = quantize_x8::prepare(&mut rec, s, &x, 0, 48, &xq, 2, 48).unwrap_err();
     assert_eq!(e.code, invalid);
-    let e = quantize_x8::prepare(&mut rec, &x, 0, 64, &y, 2, 64).unwrap_err();
+    let e = quantize_x8::prepare(&mut rec, Style::Q8K, &x, 0, 64, &xq, 2, 64).unwrap_err();
+    assert_eq!(e.code, invalid, "Q8_K's blocks are 256 values");
+    let e = quantize_x8::prepare(&mut rec, s, &x, 0, 64, &y, 2, 64).unwrap_err();
     assert_eq!(e.code, invalid);
-    let e = quantize_x8::prepare(&mut rec, &x, 0, 64, &x, 2, 64).unwrap_err();
+    let e = quantize_x8::prepare(&mut rec, s, &x, 0, 64, &x, 2, 64).unwrap_err();
     assert_eq!(e.code, invalid);
     assert_eq!(rec.len(), 0, "nothing refused was prepared");
 });

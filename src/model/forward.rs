@@ -130,8 +130,10 @@ pub struct Workspace {
     o: wgpu::Buffer,
     /// gate and up side by side, `(n, 2 n_ff)`.
     gate_up: wgpu::Buffer,
-    /// One token's gated unit quantized to 8 bits (`glu::q8_bytes(1, n_ff)`), where a decode
-    /// plan's down projections read it so ([`kernels::glu_down`]).
+    /// Activations quantized to 8 bits: one token's gated unit (`glu::q8_bytes(1, n_ff)`), where
+    /// a decode plan's down projections read it so ([`kernels::glu_down`]), and a prefill batch's
+    /// inputs of the projections on 8-bit X ([`kernels::quantize_for`], `max_batch` rows of the
+    /// widest activation).
     xq8: wgpu::Buffer,
     /// `(n, 3 n_embd)`: a short-convolution layer's B | C | x (models with conv layers only).
     bcx: Option<wgpu::Buffer>,
@@ -375,6 +377,13 @@ impl Model {
         let hp = &self.hp;
         let f = |label: &str, elems: u64| ctx.empty_storage(label, elems * 4);
         let b = max_batch as u64;
+        // One token's gated unit for the decode GEMV on 8-bit X, and for batches the tiled GEMM
+        // takes, the widest activation a prefill projection quantizes (kernels::quantize_for).
+        let widest = (hp.n_ff.max(hp.n_embd).max(hp.q_dim())) as u64;
+        let mut xq8_bytes = glu::q8_bytes(1, hp.n_ff as u64).max(16);
+        if crate::ops::gemm::use_gemm(ctx, max_batch) && widest.is_multiple_of(32) {
+            xq8_bytes = xq8_bytes.max(crate::ops::quantize_x8::bytes(b, widest));
+        }
         let logits_bytes = max_logit_rows as u64 * hp.n_vocab as u64 * 4;
         if logits_bytes > ctx.limits.max_binding() {
             return Err(Error::invalid(format!(
@@ -394,10 +403,7 @@ impl Model {
             att: f("attn", b * hp.q_dim() as u64)?,
             o: f("o", b * hp.n_embd as u64)?,
             gate_up: f("gate_up", b * 2 * hp.n_ff as u64)?,
-            xq8: ctx.empty_storage(
-                "gated unit, 8-bit",
-                glu::q8_bytes(1, hp.n_ff as u64).max(16),
-            )?,
+            xq8: ctx.empty_storage("activations, 8-bit", xq8_bytes)?,
             bcx: if hp.conv_l_cache > 0 {
                 Some(f("bcx", b * 3 * hp.n_embd as u64)?)
             } else {
@@ -736,11 +742,15 @@ impl Model {
                 // (linked, after the first layer: h = norm(x), its scale from the last block's
                 // sums of squares in the projections' epilogues)
                 let epi = (link && l > 0).then(|| norm_scale(ss_count)).transpose()?;
+                // (a prefill batch: h quantized to 8 bits once for the projections that want it)
+                let ws_qkv: Vec<&GpuTensor> = layer.qkv.iter().map(|p| self.w(&p.tensor)).collect();
+                let hq = kernels::quantize_for(&mut rec, &ws.xq8, &ws.h, n, e, &ws_qkv)?;
                 for p in &layer.qkv {
                     kernels::project_cols(
                         &mut rec,
                         self.w(&p.tensor),
                         &ws.h,
+                        hq,
                         &ws.qkv,
                         p.col,
                         qkv_w,
@@ -844,7 +854,12 @@ impl Model {
                     Some(sx) => {
                         kernels::gemv_split_x(&mut rec, o_w, sx, &ws.o, None)?;
                     }
-                    None => kernels::matmul(&mut rec, o_w, &ws.att, &ws.o, n)?,
+                    None => {
+                        let aq = kernels::quantize_for(&mut rec, &ws.xq8, &ws.att, n, qd, &[o_w])?;
+                        kernels::project_cols(
+                            &mut rec, o_w, &ws.att, aq, &ws.o, 0, o_w.rows, n, None,
+                        )?;
+                    }
                 }
             }
             let post = layer.post_attn_norm.as_ref().map(|w| self.w(w));
@@ -891,11 +906,15 @@ impl Model {
                 // Feed-forward: f = act(h W_gate) * (h W_up) W_down                  (n, n_embd)
                 // (linked: h's norm scale, from the sums just written, in the epilogues)
                 let epi = link.then(|| norm_scale(ss_count)).transpose()?;
+                let ws_gu: Vec<&GpuTensor> =
+                    layer.gate_up.iter().map(|p| self.w(&p.tensor)).collect();
+                let hq = kernels::quantize_for(&mut rec, &ws.xq8, &ws.h, n, e, &ws_gu)?;
                 for p in &layer.gate_up {
                     kernels::project_cols(
                         &mut rec,
                         self.w(&p.tensor),
                         &ws.h,
+                        hq,
                         &ws.gate_up,
                         p.col,
                         2 * hp.n_ff as u64,

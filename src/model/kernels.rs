@@ -9,7 +9,9 @@ use crate::model::HParams;
 use crate::model::Workspace;
 use crate::ops::elementwise::{self, View};
 use crate::ops::rope::RopeTable;
-use crate::ops::{attention, attention_split, glu, matmul, qk_rope, rmsnorm};
+use crate::ops::{
+    attention, attention_split, gemm, gemm_q8, glu, matmul, qk_rope, quantize_x8, rmsnorm,
+};
 
 /// `out (rows, len) = rmsnorm(x) * w` (in place when `out` is `x`).
 #[allow(clippy::too_many_arguments)]
@@ -47,6 +49,48 @@ pub fn residual_norm(
         norm: post,
     };
     rmsnorm::prepare_residual(rec, x, 0, Some(residual), Some(w), out, 0, rows, len, eps)
+}
+
+/// Whether the product of `w` over a batch of `n` tokens runs on 8-bit X ([`gemm_q8`]): a batch
+/// the tiled GEMM takes, a type the 8-bit kernel reads, unless `CERA_GEMM_Q8=0` (a bench knob).
+/// Measured on an H100 (`cera bench-gemm --int8`) and on lavapipe, where it is faster too.
+pub fn gemm_q8_wanted(ctx: &GpuContext, w: &GpuTensor, n: u32) -> bool {
+    n > 1
+        && gemm::use_gemm(ctx, n)
+        && gemm_q8::supports(w.ty)
+        && w.cols.is_multiple_of(32)
+        && !crate::gpu::knob::knob_off("CERA_GEMM_Q8")
+}
+
+/// X quantized to 8 bits for the products on 8-bit X, in the style of the weights it serves.
+#[derive(Clone, Copy)]
+pub struct Xq8<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub style: quantize_x8::Style,
+}
+
+/// `x (n, cols)` quantized to 8 bits into `xq8` (the workspace's buffer) when any of `weights`
+/// multiplies it on 8-bit X ([`gemm_q8_wanted`]), in the first such weight's style, for the
+/// products of the weights of that style ([`project_cols`] with `Some`); `None` (X stays f32)
+/// when none does or `xq8` cannot hold it.
+pub fn quantize_for<'a>(
+    rec: &mut Recorder,
+    xq8: &'a wgpu::Buffer,
+    x: &wgpu::Buffer,
+    n: u32,
+    cols: u32,
+    weights: &[&GpuTensor],
+) -> Result<Option<Xq8<'a>>> {
+    let Some(first) = weights.iter().find(|w| gemm_q8_wanted(rec.ctx, w, n)) else {
+        return Ok(None);
+    };
+    let style = quantize_x8::Style::for_type(first.ty);
+    if !cols.is_multiple_of(style.block()) || xq8.size() < quantize_x8::bytes(n as u64, cols as u64)
+    {
+        return Ok(None);
+    }
+    quantize_x8::prepare(rec, style, x, 0, cols as u64, xq8, n, cols)?;
+    Ok(Some(Xq8 { buffer: xq8, style }))
 }
 
 /// `y (n, w.rows) = x (n, w.cols) W^T`.
@@ -90,13 +134,15 @@ pub fn matmul_cols(
 }
 
 /// One projection into its columns of a wider output: [`matmul_cols`] without `epi`, else one
-/// token's [`gemv_epilogue`] into columns `col ..` (one row, so `stride` is not read). Returns the
-/// sums of squares a [`matmul::ResNorm`] wrote (0 without one).
+/// token's [`gemv_epilogue`] into columns `col ..` (one row, so `stride` is not read). With `xq`,
+/// x quantized by [`quantize_for`], a weight that wants it multiplies the 8-bit X
+/// ([`gemm_q8`]). Returns the sums of squares a [`matmul::ResNorm`] wrote (0 without one).
 #[allow(clippy::too_many_arguments)]
 pub fn project_cols(
     rec: &mut Recorder,
     w: &GpuTensor,
     x: &wgpu::Buffer,
+    xq: Option<Xq8>,
     y: &wgpu::Buffer,
     col: u64,
     stride: u64,
@@ -109,7 +155,15 @@ pub fn project_cols(
             gemv_epilogue(rec, w, x, y, col, epi)
         }
         None => {
-            matmul_cols(rec, w, x, y, col, stride, n)?;
+            let style = quantize_x8::Style::for_type(w.ty);
+            match xq.filter(|q| q.style == style && gemm_q8_wanted(rec.ctx, w, n)) {
+                Some(xq) => {
+                    let cfg = gemm_q8::for_shape(rec.ctx, w.rows, n);
+                    let buf = xq.buffer;
+                    gemm_q8::prepare(rec, cfg, w, buf, 0, None, y, col, Some(stride), n)?;
+                }
+                None => matmul_cols(rec, w, x, y, col, stride, n)?,
+            }
             Ok(0)
         }
     }
@@ -405,6 +459,22 @@ pub fn glu_down(
             // act(gate) * up quantized into xq8, then the product on 8-bit X.
             glu::prepare_q8(rec, act, g, u, xq, 1, n_ff as u32)?;
             return matmul::prepare_q8_x(rec, gemv, down, xq, y, 0, epi);
+        }
+        let style = quantize_x8::Style::for_type(down.ty);
+        let batch_q8 = xq8.filter(|b| {
+            epi.is_none()
+                && gemm_q8_wanted(rec.ctx, down, n)
+                && n_ff.is_multiple_of(style.block() as u64)
+                && b.size() >= quantize_x8::bytes(n as u64, n_ff)
+        });
+        if let Some(xq) = batch_q8 {
+            // A batch: act(gate) * up into the gate half, quantized into xq8 in llama.cpp's
+            // style for the weight, then the 8-bit GEMM on it.
+            glu::prepare(rec, act, g, u, g, n, n_ff as u32)?;
+            quantize_x8::prepare(rec, style, gate_up, 0, 2 * n_ff, xq, n, n_ff as u32)?;
+            let cfg = gemm_q8::for_shape(rec.ctx, down.rows, n);
+            gemm_q8::prepare(rec, cfg, down, xq, 0, None, y, 0, None, n)?;
+            return Ok(0);
         }
         glu::prepare(rec, act, g, u, g, n, n_ff as u32)?;
         return match epi {

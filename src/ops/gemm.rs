@@ -578,10 +578,13 @@ fn now_ms() -> f64 {
     }
 }
 
-/// A kernel to benchmark: the tiled GEMM with a tile, or matmul's register kernel with a shape.
+/// A kernel to benchmark: the tiled GEMM with a tile, the 8-bit GEMM ([`super::gemm_q8`]) with
+/// a tile (X quantized once before the timed products, as the down projection gets it from the
+/// GLU), or matmul's register kernel with a shape.
 #[derive(Clone, Copy, Debug)]
 pub enum Kernel {
     Tiled(GemmConfig),
+    Int8(GemmConfig),
     Registers(MatmulConfig),
 }
 
@@ -637,10 +640,30 @@ pub async fn bench_kernel(
     let x = ctx.storage_buffer("bench x", bytemuck::cast_slice(&xs));
     let y = ctx.empty_storage("bench y", rows * n_tokens as u64 * 4)?;
     let iters = iters.max(1);
+    let xq = match kernel {
+        Kernel::Int8(_) => {
+            let xq =
+                ctx.empty_storage("bench xq", super::quantize_x8::bytes(n_tokens as u64, cols))?;
+            let mut rec = Recorder::new(ctx);
+            let style = super::quantize_x8::Style::for_type(ty);
+            super::quantize_x8::prepare(&mut rec, style, &x, 0, cols, &xq, n_tokens, cols as u32)?;
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            rec.encode(&mut enc)?;
+            ctx.submit([enc.finish()]);
+            Some(xq)
+        }
+        _ => None,
+    };
     let prepared = match kernel {
         Kernel::Tiled(cfg) => {
             let mut rec = Recorder::new(ctx);
             prepare(&mut rec, cfg, &w, &x, 0, &y, 0, None, n_tokens)?;
+            Some(rec.finish())
+        }
+        Kernel::Int8(cfg) => {
+            let mut rec = Recorder::new(ctx);
+            let xq = xq.as_ref().expect("quantized above");
+            super::gemm_q8::prepare(&mut rec, cfg, &w, xq, 0, None, &y, 0, None, n_tokens)?;
             Some(rec.finish())
         }
         Kernel::Registers(_) => None,
@@ -666,7 +689,7 @@ pub async fn bench_kernel(
                     matmul::matmul(ctx, &mut enc, cfg, &w, &x, 0, &y, 0, n_tokens)?;
                 }
             }
-            (None, Kernel::Tiled(_)) => unreachable!("a tiled kernel is always prepared"),
+            (None, _) => unreachable!("a tiled kernel is always prepared"),
         }
         ctx.submit([enc.finish()]);
         Ok(())

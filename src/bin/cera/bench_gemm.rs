@@ -3,24 +3,29 @@
 //! (shape, kernel).
 //!
 //! `cera bench-gemm [--type q4_K] [--tokens 512] [--shapes llama|gemma | --rows R --cols C]
-//! [--tiles "128x64x16:8x4;64x64x32:4x4" | --sweep] [--no-registers] [--iters N]`
+//! [--tiles "128x64x16:8x4;64x64x32:4x4" | --sweep] [--no-registers] [--int8] [--iters N]`
 //!
 //! Without `--tiles` or `--sweep`, each shape runs with the tile `GemmConfig::for_shape` picks.
+//! `--int8` also runs each tile on the 8-bit GEMM (`ops::gemm_q8`) where the type has it.
 
 use cera_web::gguf::GgmlType;
 use cera_web::gpu::GpuContext;
 use cera_web::ops::gemm::{self, GemmConfig, Kernel};
+use cera_web::ops::gemm_q8;
 use cera_web::ops::matmul::{self, MatmulConfig};
 use cera_web::{Error, Result};
 
 pub const USAGE: &str =
     "cera bench-gemm [--type q4_K] [--tokens 512] [--shapes llama|gemma | --rows R --cols C] \
-                         [--tiles \"BMxBNxBK:TMxTN;...\" | --sweep] [--no-registers] [--iters N]";
+                         [--tiles \"BMxBNxBK:TMxTN;...\" | --sweep] [--no-registers] [--int8] [--iters N]";
 
-/// `(name, rows, cols)` of the projections of Llama 3 8B (attention q/k/v/o, FFN gate/up/down).
+/// `(name, rows, cols)` of the projections of Llama 3 8B (attention q/k/v/o, FFN gate/up/down;
+/// q+k+v and gate+up as the model fuses them at load).
 const LLAMA3_8B: &[(&str, u64, u64)] = &[
+    ("attn_qkv", 6144, 4096),
     ("attn_q", 4096, 4096),
     ("attn_k", 1024, 4096),
+    ("ffn_gate_up", 28672, 4096),
     ("ffn_up", 14336, 4096),
     ("ffn_down", 4096, 14336),
 ];
@@ -44,6 +49,7 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
     // None: the tile GemmConfig::for_shape picks for each shape.
     let mut tiles: Option<Vec<GemmConfig>> = None;
     let mut registers = true;
+    let mut int8 = false;
     let mut iters = 0u32;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -111,6 +117,7 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
                 );
             }
             "--no-registers" => registers = false,
+            "--int8" => int8 = true,
             other => {
                 return Err(Error::invalid(format!(
                     "unknown option {other}; usage: {USAGE}"
@@ -127,7 +134,15 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
         let tiles = tiles
             .clone()
             .unwrap_or_else(|| vec![GemmConfig::for_shape(ctx, *r, n_tokens)]);
-        let mut kernels: Vec<Kernel> = tiles.into_iter().map(Kernel::Tiled).collect();
+        let mut kernels: Vec<Kernel> = tiles.iter().copied().map(Kernel::Tiled).collect();
+        if int8 && gemm_q8::supports(ty) {
+            kernels.extend(
+                tiles
+                    .iter()
+                    .filter(|t| gemm_q8::check(**t, &ctx.limits).is_ok())
+                    .map(|t| Kernel::Int8(*t)),
+            );
+        }
         if registers {
             kernels.push(Kernel::Registers(MatmulConfig::gemm(ctx, n_tokens)));
         }
@@ -142,6 +157,7 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
         for k in &kernels {
             let kernel = match k {
                 Kernel::Tiled(t) => format!("gemm {t}"),
+                Kernel::Int8(t) => format!("gemm_q8 {}x{}:{}x{}", t.bm, t.bn, t.tm, t.tn),
                 Kernel::Registers(m) => format!("matmul {m:?}"),
             };
             // A tile this device cannot build is reported and the sweep goes on.
