@@ -173,6 +173,37 @@ async fn check(name: &str) {
         assert_eq!(ours.len(), want.len(), "{how}");
         compare(name, how, m, &ours, &want, n_vocab, 0);
     }
+    // The prefill projections on 8-bit X (ops::gemm_q8), which the engine takes by itself only
+    // for big weights in batches of 32 or more: forced here for the whole 24-token batch, on the
+    // types the kernel reads. The plan must run it: at least every layer's feed-forward (gate/up
+    // and down, with their quantizers; attention layers add q/k/v and o).
+    // (Qwen3.5 keeps f32 X: Model::new turns the path off for it.)
+    let q8_type = ["-Q4_0", "-Q4_K", "-Q8_0"]
+        .iter()
+        .any(|t| name.ends_with(t));
+    if q8_type && m["arch"] != "qwen35" {
+        model.prefill_q8 = Some(true);
+        let n = tokens.len() as u32;
+        let ws = model.workspace(&ctx, n, n).unwrap();
+        let kv = model.new_kv_cache(&ctx, n).unwrap();
+        let plan = model.plan(&ctx, &ws, &kv, n, LogitRows::All, n).unwrap();
+        let count = |k: &str| {
+            plan.kinds()
+                .iter()
+                .find(|(x, _)| *x == k)
+                .map_or(0, |e| e.1)
+        };
+        let layers = model.hp.n_layer as usize;
+        assert!(
+            count("gemm_q8") >= 2 * layers && count("quantize_x8") >= 2 * layers,
+            "{name}: the plan's kinds {:?}",
+            plan.kinds()
+        );
+        let how = "one batch, 8-bit X";
+        let ours = score_logits(&ctx, &model, &tokens, n).await.unwrap();
+        compare(name, how, m, &ours, &want, n_vocab, 0);
+        model.prefill_q8 = None;
+    }
     if name.ends_with("-F32") {
         model.split_attention = Some(true);
         let how = "batch 1, split attention";

@@ -99,6 +99,11 @@ pub struct Model {
     /// kernel after `qk_rope` (`Some(false)`), or by adapter (`None`: split on GPUs, not on CPU
     /// adapters; [`kernels::split_attention`]). Tests set it to run the GPU path on a CPU.
     pub split_attention: Option<bool>,
+    /// Whether prefill projections run on 8-bit X (`ops::gemm_q8`): `None` by the engine's rule
+    /// ([`kernels::gemm_q8_wanted`]: big weights of the types the kernel reads, batches the
+    /// tiled GEMM takes), `Some(true)` for every such weight and batch (tests run the path on
+    /// the tiny models so), `Some(false)` never.
+    pub prefill_q8: Option<bool>,
 }
 
 /// The rope of each layer for one context class.
@@ -304,6 +309,7 @@ impl Model {
             }
             ropes.push(LayerRopes { configs, table });
         }
+        let qwen35_q8 = (hp.arch == Arch::Qwen35).then_some(false);
         Ok(Model {
             hp,
             weights,
@@ -314,6 +320,10 @@ impl Model {
             rope_tables,
             delta_chunked_min: qwen35::CHUNKED_MIN_TOKENS,
             split_attention: None,
+            // Qwen3.5's delta-net layers amplify X's rounding: on the tiny Q4_K model, 8-bit X
+            // moved the logits by 1.74 of their std from llama.cpp's (the tests allow 1.6 for
+            // this architecture), so its prefill keeps f32 X.
+            prefill_q8: qwen35_q8,
         })
     }
 
@@ -381,7 +391,8 @@ impl Model {
         // takes, the widest activation a prefill projection quantizes (kernels::quantize_for).
         let widest = (hp.n_ff.max(hp.n_embd).max(hp.q_dim())) as u64;
         let mut xq8_bytes = glu::q8_bytes(1, hp.n_ff as u64).max(16);
-        if crate::ops::gemm::use_gemm(ctx, max_batch) && widest.is_multiple_of(32) {
+        let batches = crate::ops::gemm::use_gemm(ctx, max_batch) || self.prefill_q8 == Some(true);
+        if max_batch > 1 && batches && widest.is_multiple_of(32) {
             xq8_bytes = xq8_bytes.max(crate::ops::quantize_x8::bytes(b, widest));
         }
         let logits_bytes = max_logit_rows as u64 * hp.n_vocab as u64 * 4;
@@ -744,7 +755,15 @@ impl Model {
                 let epi = (link && l > 0).then(|| norm_scale(ss_count)).transpose()?;
                 // (a prefill batch: h quantized to 8 bits once for the projections that want it)
                 let ws_qkv: Vec<&GpuTensor> = layer.qkv.iter().map(|p| self.w(&p.tensor)).collect();
-                let hq = kernels::quantize_for(&mut rec, &ws.xq8, &ws.h, n, e, &ws_qkv)?;
+                let hq = kernels::quantize_for(
+                    &mut rec,
+                    &ws.xq8,
+                    &ws.h,
+                    n,
+                    e,
+                    &ws_qkv,
+                    self.prefill_q8,
+                )?;
                 for p in &layer.qkv {
                     kernels::project_cols(
                         &mut rec,
@@ -855,7 +874,9 @@ impl Model {
                         kernels::gemv_split_x(&mut rec, o_w, sx, &ws.o, None)?;
                     }
                     None => {
-                        let aq = kernels::quantize_for(&mut rec, &ws.xq8, &ws.att, n, qd, &[o_w])?;
+                        let q8 = self.prefill_q8;
+                        let aq =
+                            kernels::quantize_for(&mut rec, &ws.xq8, &ws.att, n, qd, &[o_w], q8)?;
                         kernels::project_cols(
                             &mut rec, o_w, &ws.att, aq, &ws.o, 0, o_w.rows, n, None,
                         )?;
@@ -908,7 +929,8 @@ impl Model {
                 let epi = link.then(|| norm_scale(ss_count)).transpose()?;
                 let ws_gu: Vec<&GpuTensor> =
                     layer.gate_up.iter().map(|p| self.w(&p.tensor)).collect();
-                let hq = kernels::quantize_for(&mut rec, &ws.xq8, &ws.h, n, e, &ws_gu)?;
+                let hq =
+                    kernels::quantize_for(&mut rec, &ws.xq8, &ws.h, n, e, &ws_gu, self.prefill_q8)?;
                 for p in &layer.gate_up {
                     kernels::project_cols(
                         &mut rec,
@@ -940,6 +962,7 @@ impl Model {
                     n,
                     hp.activation,
                     Some(&epi),
+                    self.prefill_q8,
                 )?;
                 continue;
             }
@@ -952,6 +975,7 @@ impl Model {
                 n,
                 hp.activation,
                 None,
+                self.prefill_q8,
             )?;
             // x += post_norm(f) * residual_scale;  h = norm(x) with the next layer's pre-norm
             // (the final norm after the last layer)                               one dispatch
@@ -1068,6 +1092,7 @@ impl Model {
             n,
             hp.activation,
             None,
+            self.prefill_q8,
         )?;
         let next_norm = match self.layers.get(l + 1) {
             Some(next) => self.w(&next.attn_norm),

@@ -281,6 +281,7 @@ impl Model {
             n,
             Activation::Silu,
             None,
+            self.prefill_q8,
         )?;
         self.plan_ffn_block(rec, ws, l, n)
     }

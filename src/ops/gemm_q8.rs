@@ -309,7 +309,7 @@ pub fn prepare(
             buffer_entry(2, xq),
             buffer_entry(3, y),
         ];
-        rec.push("gemm", &pipe, &entries, grid);
+        rec.push("gemm_q8", &pipe, &entries, grid);
     }
     Ok(())
 }
