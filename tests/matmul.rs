@@ -98,6 +98,31 @@ const SHAPES: [MatmulConfig; 17] = [
     },
 ];
 
+/// The shapes [`check_type`] runs on `ty`. In the browser SwiftShader compiles every kernel
+/// of every type anew (a device's pipeline cache is all it keeps), and the shapes are one WGSL
+/// for every type (only the loaders differ, `quant_decls`), so there every shape runs on F32 and
+/// Q4_K (a float loader and a super-block one) and the other types take one shape of each kernel
+/// family: a thread a row (also SwiftShader's own GEMV), cooperative units (a GPU's GEMM, and
+/// 3 tokens a thread), interleaved row teams, and the teams without subgroups sharing rows
+/// (what a GPU in the browser runs for a GEMV). The public `gemv`/`gemm` entry points (the
+/// adapter's own picks) run on every type. Natively every type runs every shape.
+fn shapes(ty: GgmlType) -> Vec<MatmulConfig> {
+    let browser_subset =
+        cfg!(target_arch = "wasm32") && !matches!(ty, GgmlType::F32 | GgmlType::Q4K);
+    let families = [
+        SHAPES[0],  // MatmulConfig::simple(1)
+        SHAPES[3],  // MatmulConfig::cooperative(256, 8, 8)
+        SHAPES[4],  // MatmulConfig::cooperative(64, 4, 3)
+        SHAPES[5],  // MatmulConfig::team(256, 8, 1)
+        SHAPES[15], // no subgroups, 2 rows a team, 4 teams a row group
+        SHAPES[16], // no subgroups, 4 rows a team
+    ];
+    SHAPES
+        .into_iter()
+        .filter(|c| !browser_subset || families.contains(c))
+        .collect()
+}
+
 /// What a prepared product runs: each dispatch's pipeline and grid.
 type Signature = Vec<(String, [u32; 3])>;
 
@@ -108,6 +133,7 @@ const Y_GAP: u64 = 3;
 /// `Y` as `(n_tokens, rows)`.
 async fn run_all(
     ctx: &GpuContext,
+    shapes: &[MatmulConfig],
     w: &GpuTensor,
     xs: &[f32],
     x_off: u64,
@@ -115,7 +141,7 @@ async fn run_all(
 ) -> Vec<Vec<f32>> {
     let x = ctx.storage_buffer("x", bytemuck::cast_slice(xs));
     let region = n_tokens as u64 * w.rows + Y_GAP;
-    let runs = SHAPES.len() as u64 + 1;
+    let runs = shapes.len() as u64 + 1;
     let y = ctx.empty_storage("y", region * runs * 4).unwrap();
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     // A shape that the adapter turns into the same kernel and grid as an earlier one (`fit`
@@ -123,7 +149,7 @@ async fn run_all(
     // run again: its result is the earlier one's (`same[i]`).
     let mut seen: Vec<(usize, Signature)> = Vec::new();
     let mut same: Vec<usize> = Vec::new();
-    for (i, cfg) in SHAPES.iter().enumerate() {
+    for (i, cfg) in shapes.iter().enumerate() {
         let mut rec = cera_web::gpu::Recorder::new(ctx);
         matmul::prepare(
             &mut rec,
@@ -151,7 +177,7 @@ async fn run_all(
             }
         }
     }
-    let last = Y_GAP + SHAPES.len() as u64 * region;
+    let last = Y_GAP + shapes.len() as u64 * region;
     if n_tokens == 1 {
         matmul::gemv(ctx, &mut enc, w, &x, x_off, &y, last).unwrap();
     } else {
@@ -174,6 +200,7 @@ async fn run_all(
 #[allow(clippy::too_many_arguments)]
 fn check(
     ty: GgmlType,
+    shapes: &[MatmulConfig],
     what: &str,
     wf: &[f32],
     xs: &[f32],
@@ -202,7 +229,7 @@ fn check(
                 assert!(
                     err <= tolerance(ty),
                     "{ty} {what} run {i} ({:?}): Y[{t}, {r}] = {v}, want {want} (rel err {err:e} > {:e})",
-                    SHAPES.get(i),
+                    shapes.get(i),
                     tolerance(ty)
                 );
                 worst = worst.max(err);
@@ -213,7 +240,7 @@ fn check(
 }
 
 async fn check_type(ty: GgmlType) {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let be = ty.block_elems();
     let float = be == 1;
     // (rows, cols, X offset): one row of one block; a large K with rows no workgroup divides;
@@ -225,16 +252,17 @@ async fn check_type(ty: GgmlType) {
     };
     let mut rng = Rng::new(ty.id() as u64 + 1);
     let mut worst = 0.0f64;
+    let shapes = shapes(ty);
     for (ci, &(rows, cols, x_off)) in cases.iter().enumerate() {
         let bytes = synthetic_rows(ty, cols, rows, 100 + ci as u64);
         let wf = dequantize_to_vec(ty, &bytes).unwrap();
         let w = upload_tensor(&ctx, "w", ty, cols, rows, &bytes, ctx.limits.max_binding()).unwrap();
         for n_tokens in [1u32, 3, 17] {
             let xs = rng.vec((x_off + n_tokens as u64 * cols) as usize);
-            let got = run_all(&ctx, &w, &xs, x_off, n_tokens).await;
+            let got = run_all(&ctx, &shapes, &w, &xs, x_off, n_tokens).await;
             let what = format!("{rows}x{cols} x at {x_off} tokens {n_tokens}");
             worst = worst.max(check(
-                ty, &what, &wf, &xs, x_off, rows, cols, n_tokens, &got,
+                ty, &shapes, &what, &wf, &xs, x_off, rows, cols, n_tokens, &got,
             ));
         }
     }
@@ -250,15 +278,16 @@ async fn check_type(ty: GgmlType) {
     assert_eq!(split.parts.len(), 3, "{ty}: the split plan");
     for (n_tokens, x_off) in [(1u32, 4u64), (17, 5)] {
         let xs = rng.vec((x_off + n_tokens as u64 * cols) as usize);
-        let a = run_all(&ctx, &whole, &xs, x_off, n_tokens).await;
-        let b = run_all(&ctx, &split, &xs, x_off, n_tokens).await;
+        let a = run_all(&ctx, &shapes, &whole, &xs, x_off, n_tokens).await;
+        let b = run_all(&ctx, &shapes, &split, &xs, x_off, n_tokens).await;
         assert_eq!(a, b, "{ty}: split and unsplit differ ({n_tokens} tokens)");
         worst = worst.max(check(
-            ty, "split", &wf, &xs, x_off, rows, cols, n_tokens, &b,
+            ty, &shapes, "split", &wf, &xs, x_off, rows, cols, n_tokens, &b,
         ));
     }
     tlog!(
-        "{ty}: worst relative error {worst:.2e} (tolerance {:.0e}), adapter {:?}",
+        "{ty}: {} shapes and the entry points, worst relative error {worst:.2e} (tolerance {:.0e}), adapter {:?}",
+        shapes.len(),
         tolerance(ty),
         ctx.adapter.name
     );
@@ -298,7 +327,7 @@ gpu_test!(matmul_rejects_unsupported_types, async {
 /// the CPU and GPU decode shapes, scalar and vec4 X, 1 and 3 tokens.
 async fn check_glu(ty: GgmlType) {
     use cera_web::ops::glu::Activation;
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let be = ty.block_elems();
     let cols = if be == 1 { 36 } else { 2 * be };
     let rows = 37u64;
@@ -371,7 +400,7 @@ async fn check_glu(ty: GgmlType) {
             let got: Vec<Vec<f32>> = all.chunks(region as usize).map(|c| c.to_vec()).collect();
             let what = format!("glu {act:?} {n_tokens} tokens x at {x_off}");
             worst = worst.max(check(
-                ty, &what, &wf, &xs, x_off, rows, cols, n_tokens, &got,
+                ty, &shapes, &what, &wf, &xs, x_off, rows, cols, n_tokens, &got,
             ));
 
             // Gate and up as the two halves of one fused output (n_tokens, stride): gate from
@@ -419,6 +448,7 @@ async fn check_glu(ty: GgmlType) {
             let got: Vec<Vec<f32>> = all.chunks(region as usize).map(|c| c.to_vec()).collect();
             worst = worst.max(check(
                 ty,
+                &shapes,
                 &format!("{what}, fused gate|up"),
                 &wf,
                 &xs,
@@ -501,7 +531,7 @@ const DECODE_NORM_SHAPES: [Option<MatmulConfig>; 6] = [
 /// subgroups), the engine's own choice, columns of a wider output.
 async fn check_prenorm(ty: GgmlType) {
     use cera_web::ops::matmul::{PreAdd, PreNorm};
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let be = ty.block_elems();
     let mut rng = Rng::new(ty.id() as u64 + 900);
     let mut worst = 0.0f64;
@@ -653,7 +683,7 @@ gpu_test!(matmul_prenorm_q6_k, check_prenorm(GgmlType::Q6K));
 async fn check_norm_link(ty: GgmlType) {
     use cera_web::ops::glu::Activation;
     use cera_web::ops::matmul::{Epilogue, NormScale, ResNorm};
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let be = ty.block_elems();
     let mut rng = Rng::new(ty.id() as u64 + 1300);
     // Each shape's producer hands its sums to the next shape's consumer, so where a shape sits in
@@ -919,7 +949,7 @@ const XQ8_TEAMS: [MatmulConfig; 4] = [
 /// near-tie (the GPU's `127 / max` may be a few ulps off). Each shape is checked to have run
 /// the quantized kernel (its pipeline's label).
 async fn check_xq8(ty: GgmlType) {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let shapes = XQ8_TEAMS.map(|cfg| MatmulConfig { x_q8: true, ..cfg });
     const TOL: f64 = 2e-4;
     let mut rng = Rng::new(ty.id() as u64 + 900);
@@ -1017,7 +1047,7 @@ gpu_test!(matmul_xq8_q6_k, check_xq8(GgmlType::Q6K));
 async fn check_xq8_sources(ty: GgmlType) {
     use cera_web::ops::glu::Activation;
     use cera_web::ops::matmul::{PreAdd, PreNorm};
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let (rows, cols) = (300u64, 512u64);
     let c = cols as usize;
     let bytes = synthetic_rows(ty, cols, rows, 61);
@@ -1141,7 +1171,7 @@ async fn check_q8_x(ty: GgmlType) {
     use cera_web::gpu::Recorder;
     use cera_web::ops::glu::{self, Activation};
     use cera_web::ops::matmul::{Epilogue, ResNorm};
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let shapes = XQ8_TEAMS;
     const TOL: f64 = 2e-4;
     let mut rng = Rng::new(ty.id() as u64 + 1700);

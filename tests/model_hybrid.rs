@@ -49,15 +49,19 @@ async fn fixture(path: &str) -> Vec<u8> {
 /// The model `name` (`lfm2`, `qwen35`), and a tokenizer borrowed from another fixture (the
 /// synthetic models have no vocabulary; sessions need one only to detokenize, and these tests
 /// feed ids).
+///
+/// The GPU context is the file's shared one in the browser ([`common::shared_context`]: the two
+/// architectures' pipelines compile once for the file, not once a test); each test still loads
+/// its own model.
 async fn load(name: &str) -> (Arc<GpuContext>, Arc<Model>, Arc<Tokenizer>) {
-    let ctx = common::context().await;
+    let ctx = common::shared_context().await;
     let bytes = fixture(&format!("models/{name}-F32.gguf")).await;
     let mut loader = StreamLoader::new(&ctx, Some(bytes.len() as u64));
     loader.push(&bytes).unwrap();
     let model = Model::new(&ctx, loader.finish().unwrap()).await.unwrap();
     let (header, _) = cera_web::gguf::parse_bytes(&fixture("tokenizer/llama3.gguf").await).unwrap();
     let tok = Tokenizer::from_gguf(&header).unwrap();
-    (Arc::new(ctx), Arc::new(model), Arc::new(tok))
+    (ctx, Arc::new(model), Arc::new(tok))
 }
 
 /// Ids in the 512-token synthetic vocabulary, from a seed.

@@ -7,6 +7,7 @@ mod common;
 
 use cera_web::generate::score::score_logits;
 use cera_web::gpu::readback::read_f32;
+use cera_web::kv::KvCache;
 use cera_web::loader::StreamLoader;
 use cera_web::model::{LogitRows, Model};
 
@@ -236,28 +237,37 @@ async fn long_split(name: &str) {
     let n = 2085;
     let tokens: Vec<u32> = (0..n).map(|i| (i * 7919 + 13) % n_vocab).collect();
     let (prefill, steps) = tokens.split_at(n as usize - 5);
+    // One prefill for both kernels (a batch never takes the split kernel: `split_attention`
+    // only chooses the decode attention); each then decodes the same steps from it, the second
+    // after rewinding the first one's cells, which its steps write again.
+    let mut kv = model.new_kv_cache(&ctx, n).unwrap();
+    let ws = model.workspace(&ctx, 512, 1).unwrap();
+    let mut pos = 0u32;
+    let run = |model: &Model, kv: &mut KvCache, chunk: &[u32], pos: &mut u32| {
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        model
+            .encode(&ctx, &mut enc, &ws, kv, chunk, *pos, LogitRows::Last)
+            .unwrap();
+        ctx.submit([enc.finish()]);
+        kv.advance(chunk.len() as u32).unwrap();
+        *pos += chunk.len() as u32;
+    };
+    for chunk in prefill.chunks(512) {
+        run(&model, &mut kv, chunk, &mut pos);
+    }
     let mut rows = Vec::new();
     for split in [false, true] {
         model.split_attention = Some(split);
-        let mut kv = model.new_kv_cache(&ctx, n).unwrap();
-        let ws = model.workspace(&ctx, 512, 1).unwrap();
-        let mut pos = 0u32;
+        kv.rewind(pos - prefill.len() as u32).unwrap();
+        pos = prefill.len() as u32;
         let mut got = Vec::new();
-        for chunk in prefill.chunks(512).chain(steps.chunks(1)) {
-            let mut enc = ctx.device.create_command_encoder(&Default::default());
-            model
-                .encode(&ctx, &mut enc, &ws, &kv, chunk, pos, LogitRows::Last)
-                .unwrap();
-            ctx.submit([enc.finish()]);
-            kv.advance(chunk.len() as u32).unwrap();
-            pos += chunk.len() as u32;
-            if pos > prefill.len() as u32 {
-                got.extend(
-                    read_f32(&ctx, &ws.logits, 0, n_vocab as usize)
-                        .await
-                        .unwrap(),
-                );
-            }
+        for chunk in steps.chunks(1) {
+            run(&model, &mut kv, chunk, &mut pos);
+            got.extend(
+                read_f32(&ctx, &ws.logits, 0, n_vocab as usize)
+                    .await
+                    .unwrap(),
+            );
         }
         rows.push(got);
     }

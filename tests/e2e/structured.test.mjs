@@ -84,8 +84,10 @@ test('openai client: streamed json_object chunks, usage last; the mask time is r
       messages: [{ role: 'user', content: 'Give a JSON object with a key "ok" set to true.' }],
       response_format: { type: 'json_object' },
       temperature: 0,
-      // A few seconds a token on SwiftShader: enough for the chunks, the usage and a finish.
-      max_tokens: 12,
+      // A few seconds a token on SwiftShader: 6 are enough for several content chunks, the usage
+      // and a finish (greedy, this prompt's answer runs past 12 tokens, so it ends at 'length'
+      // either way).
+      max_tokens: 6,
       stream: true,
       stream_options: { include_usage: true },
     });
@@ -165,10 +167,11 @@ test('openai client: a tool call round trip on the real model', { timeout: 600_0
       model: 'gemma',
       messages: [...messages, call, { role: 'tool', tool_call_id: call.tool_calls?.[0]?.id ?? 'none', content: '{"sky": "sunny", "celsius": 21}' }],
       tools: [tool],
-      // The final answer in words: no further call.
+      // The final answer in words: no further call. Its first tokens show it is text; each one
+      // more is a decode step of a few seconds.
       tool_choice: 'none',
       temperature: 0,
-      max_tokens: 6,
+      max_tokens: 2,
     });
     // Bad tool requests fail before anything runs, with a reason.
     const errors = [];
