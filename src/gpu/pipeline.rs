@@ -61,14 +61,25 @@ impl PipelineKey {
         self.define("WG_SIZE", format!("{n}u"))
     }
 
-    pub fn decisions(&self) -> Decisions {
-        let wg = self
-            .defines
+    /// A `u32` define read back (`"64u"` -> 64): the dispatch reads the shape the shader was
+    /// built with. `None` when the key has no such define or it is not a number.
+    pub fn define_u32(&self, name: &str) -> Option<u32> {
+        self.defines
             .iter()
-            .find(|(k, _)| k == "WG_SIZE")
+            .find(|(k, _)| k == name)
             .and_then(|(_, v)| v.trim_end_matches('u').parse().ok())
-            .unwrap_or(1);
-        Decisions { workgroup_size: wg }
+    }
+
+    /// [`PipelineKey::define_u32`] for a define the dispatch cannot go without.
+    pub fn require_u32(&self, name: &str) -> Result<u32> {
+        self.define_u32(name)
+            .ok_or_else(|| Error::internal(format!("pipeline key {} has no {name}", self.label())))
+    }
+
+    pub fn decisions(&self) -> Decisions {
+        Decisions {
+            workgroup_size: self.define_u32("WG_SIZE").unwrap_or(1),
+        }
     }
 
     /// A label naming the variant, for every wgpu object made from it.

@@ -402,15 +402,6 @@ pub fn key(ty: GgmlType, cfg: GemmConfig) -> Result<PipelineKey> {
     Ok(k)
 }
 
-/// Read a `u32` define back from a key (the dispatch reads the tile the shader was built with).
-fn key_u32(key: &PipelineKey, name: &str) -> Result<u32> {
-    key.defines
-        .iter()
-        .find(|(k, _)| k == name)
-        .and_then(|(_, v)| v.trim_end_matches('u').parse().ok())
-        .ok_or_else(|| Error::internal(format!("gemm pipeline key has no {name}")))
-}
-
 /// The tiles the engine may pick, plus odd ones the tests use, for every type (the naga test
 /// compiles each).
 pub fn variants() -> Vec<Variant> {
@@ -495,8 +486,8 @@ pub fn prepare_strided(
     }
     let pipe: Arc<CachedPipeline> = ctx.pipeline(&key(w.ty, cfg)?)?;
     let (bm, bn) = (
-        key_u32(&pipe.key, "BM")? as u64,
-        key_u32(&pipe.key, "BN")? as u64,
+        pipe.key.require_u32("BM")? as u64,
+        pipe.key.require_u32("BN")? as u64,
     );
     let u32_of = |what: &str, v: u64| {
         u32::try_from(v).map_err(|_| {
@@ -760,8 +751,8 @@ mod tests {
     fn key_carries_the_tile() {
         let k = key(GgmlType::Q4K, GemmConfig::TILE_128X64).unwrap();
         assert_eq!(k.decisions().workgroup_size, 256);
-        assert_eq!(key_u32(&k, "BM").unwrap(), 128);
-        assert_eq!(key_u32(&k, "BN").unwrap(), 64);
+        assert_eq!(k.define_u32("BM").unwrap(), 128);
+        assert_eq!(k.define_u32("BN").unwrap(), 64);
         assert!(k.defines.iter().any(|(d, _)| d == "TM8"));
         assert!(!k.defines.iter().any(|(d, _)| d == "TN8"));
         assert!(key(GgmlType::Q2K, GemmConfig::TILE_128X64).is_err());

@@ -169,15 +169,6 @@ pub fn key(ty: GgmlType, cfg: GemmConfig) -> Result<PipelineKey> {
     Ok(k)
 }
 
-/// Read a `u32` define back from a key.
-fn key_u32(key: &PipelineKey, name: &str) -> Result<u32> {
-    key.defines
-        .iter()
-        .find(|(k, _)| k == name)
-        .and_then(|(_, v)| v.trim_end_matches('u').parse().ok())
-        .ok_or_else(|| Error::internal(format!("gemm_q8 pipeline key has no {name}")))
-}
-
 /// The tiles the engine may pick and the odd ones the tests use, for every type.
 pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
@@ -267,8 +258,8 @@ pub fn prepare(
     }
     let pipe: Arc<CachedPipeline> = ctx.pipeline(&key(w.ty, cfg)?)?;
     let (bm, bn) = (
-        key_u32(&pipe.key, "BM")? as u64,
-        key_u32(&pipe.key, "BN")? as u64,
+        pipe.key.require_u32("BM")? as u64,
+        pipe.key.require_u32("BN")? as u64,
     );
     let u32_of = |what: &str, v: u64| {
         u32::try_from(v).map_err(|_| {
@@ -344,10 +335,10 @@ mod tests {
     #[test]
     fn key_carries_the_tile() {
         let k = key(GgmlType::Q4K, GemmConfig::TILE_128X64).unwrap();
-        assert_eq!(key_u32(&k, "BM").unwrap(), 128);
-        assert_eq!(key_u32(&k, "BN").unwrap(), 64);
-        assert_eq!(key_u32(&k, "W_WORDS").unwrap(), 4);
-        assert_eq!(key_u32(&k, "X_WORDS").unwrap(), 2);
+        assert_eq!(k.define_u32("BM").unwrap(), 128);
+        assert_eq!(k.define_u32("BN").unwrap(), 64);
+        assert_eq!(k.define_u32("W_WORDS").unwrap(), 4);
+        assert_eq!(k.define_u32("X_WORDS").unwrap(), 2);
         assert!(key(GgmlType::Q6K, GemmConfig::TILE_128X64).is_err());
     }
 }

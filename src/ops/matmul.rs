@@ -608,15 +608,6 @@ pub fn key(ty: GgmlType, cfg: MatmulConfig) -> Result<PipelineKey> {
     Ok(k)
 }
 
-/// Read a `u32` define back from a key (the dispatch reads the shape the shader was built with).
-fn key_u32(key: &PipelineKey, name: &str) -> u32 {
-    key.defines
-        .iter()
-        .find(|(k, _)| k == name)
-        .and_then(|(_, v)| v.trim_end_matches('u').parse().ok())
-        .unwrap_or(1)
-}
-
 /// The shapes the engine may pick, for every type (the naga test compiles each).
 pub fn variants() -> Vec<Variant> {
     let mut shapes = vec![
@@ -1509,7 +1500,10 @@ pub fn resnorm_partials(ctx: &GpuContext, cfg: MatmulConfig, w: &GpuTensor) -> u
 /// Rows a workgroup of the kernel built from `key` covers: its teams (WG_SIZE / TPR / KS) times
 /// the rows of each (NR).
 fn key_rows_per_workgroup(key: &PipelineKey) -> u32 {
-    key.decisions().workgroup_size / key_u32(key, "TPR") / key_u32(key, "KS") * key_u32(key, "NR")
+    key.decisions().workgroup_size
+        / key.define_u32("TPR").unwrap_or(1)
+        / key.define_u32("KS").unwrap_or(1)
+        * key.define_u32("NR").unwrap_or(1)
 }
 
 /// [`resnorm_partials`] in the engine's decode shape for `w`.
@@ -1798,7 +1792,7 @@ fn prepare_full(
     };
     let pipe = ctx.pipeline(&key)?;
     let rpw = key_rows_per_workgroup(&pipe.key);
-    let nt = key_u32(&pipe.key, "NT");
+    let nt = pipe.key.define_u32("NT").unwrap_or(1);
     let too_big = |what: &str, v: u64| {
         Error::invalid(format!(
             "matmul {}: {what} = {v} does not fit in u32",
