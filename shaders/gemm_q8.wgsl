@@ -11,28 +11,31 @@
 // moves a quarter of the bytes through workgroup memory and does a quarter of the multiply
 // instructions; llama.cpp multiplies quantized weights with 8-bit activations the same way.
 //
-// A workgroup computes a tile of BM rows x BN tokens and walks K a block (32 values) per step:
-// the threads store the block's W quants (BM x 8 words, four i8 a word) with each row's dw and
-// mw, and X's (BN x 8 words) with each token's dx and sx, into workgroup memory; each thread
-// then sums TM rows x TN tokens of integer dot products in registers and scales them into its
-// f32 accumulators. Each step's words are loaded during the step before (registers), so a
-// workgroup does not wait a memory round trip per step.
+// A workgroup computes a tile of BM rows x BN tokens and walks K KB blocks (32 KB values) per
+// step: the threads store the step's W quants (BM x 8 KB words, four i8 a word) with each row's
+// dw and mw per block, and X's (BN x 8 KB words) with each token's dx and sx per block, into
+// workgroup memory; each thread then sums, block by block, TM rows x TN tokens of integer dot
+// products in registers and scales them into its f32 accumulators. Each step's words are loaded
+// during the step before (registers), so a workgroup does not wait a memory round trip per
+// step; a deeper step (KB 2 or 4) halves or quarters the barrier pairs and round trips per K.
 //
 // Defines (chosen in src/ops/gemm_q8.rs, which reads BM and BN back for the dispatch):
 //   TYPE_Q8_0 | TYPE_Q4_0 | TYPE_Q4_K: the weight type, in the GPU layout of src/quant/gpu.rs.
 //   BM, BN: the tile. TM, TN: rows and tokens per thread, 4 or 8 (TM8 / TN8 set when 8).
-//   WG_SIZE = (BM / TM) * (BN / TN).
-//   W_WORDS, X_WORDS: quant words of one row (token) each thread loads per step: 8 BM / WG_SIZE
-//   and 8 BN / WG_SIZE, each 1, 2, 4 or 8.
+//   KB: blocks of 32 values per step, 1, 2 or 4. WG_SIZE = (BM / TM) * (BN / TN).
+//   W_WORDS, X_WORDS: quant words of one row (token) each thread loads per step: 8 KB BM /
+//   WG_SIZE and 8 KB BN / WG_SIZE, each 1, 2, 4 or 8, so a thread's words lie in one block.
 //
 // X's layout (per token, x_stride words apart from x_offset): cols / 4 words of i8 quants, four
 // a word in order, then per block (dx, sum of values 0..15, sum of 16..31, 0) as four f32.
 //
 // Workgroup memory holds the tiles k-major, so a thread's vec4 of rows (or tokens) at word k is
-// one aligned vec4 load: wq[k * BM4 + s] = words k of rows r0 + 4s .. r0 + 4s + 3. A thread owns
+// one aligned vec4 load: wq[k * BM4 + s] = words k (of the step's 8 KB) of rows r0 + 4s ..
+// r0 + 4s + 3; the scales block-major: wsd[kb * BM4 + s]. A thread owns
 // row slots tx, tx + TX (TM = 8) and token slots ty, ty + TY (TN = 8), as in gemm.wgsl.
 //
-// Edges: rows past the part and tokens past n_tokens load zero words and zero scales and store
+// Edges: rows past the part, tokens past n_tokens and blocks past K (the last step when KB
+// does not divide K's blocks) load zero words and zero scales, adding nothing, and store
 // nothing; K is whole blocks (quantized rows always are).
 
 #include "common_decls.tmpl"
@@ -62,12 +65,12 @@ const BN4: u32 = BN / 4u; // vec4 slots of tokens
 const TX: u32 = BM / TM;  // threads along the rows
 const TY: u32 = BN / TN;  // threads along the tokens
 
-var<workgroup> wq: array<vec4<u32>, 8u * BM4>; // (8, BM) the block's W quant words, k-major
-var<workgroup> wsd: array<vec4<f32>, BM4>;     // each row's dw
-var<workgroup> wsm: array<vec4<f32>, BM4>;     // each row's mw
-var<workgroup> xw: array<vec4<u32>, 8u * BN4>; // (8, BN) the block's X quant words, k-major
-var<workgroup> xsd: array<vec4<f32>, BN4>;     // each token's dx
-var<workgroup> xss: array<vec4<f32>, BN4>;     // each token's block sum
+var<workgroup> wq: array<vec4<u32>, 8u * KB * BM4>; // (8 KB, BM) the step's W quant words
+var<workgroup> wsd: array<vec4<f32>, KB * BM4>;     // (KB, BM) each row's dw per block
+var<workgroup> wsm: array<vec4<f32>, KB * BM4>;     // (KB, BM) each row's mw per block
+var<workgroup> xw: array<vec4<u32>, 8u * KB * BN4>; // (8 KB, BN) the step's X quant words
+var<workgroup> xsd: array<vec4<f32>, KB * BN4>;     // (KB, BN) each token's dx per block
+var<workgroup> xss: array<vec4<f32>, KB * BN4>;     // (KB, BN) each token's block sum
 
 // (TM / 4, TN): acc[i * TN + j] holds rows of slot tx + i * TX for token j of this thread, as
 // in gemm.wgsl; dq the block's integer sums in the same places. Every index into them is a
@@ -168,9 +171,10 @@ fn w_scale(r: WRaw, b: u32) -> vec2<f32> {
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// Tile loads: thread lid takes row (token) lid % BM (% BN) and its words W_WORDS * (lid / BM) ..
-// (X_WORDS * (lid / BN) ..); the threads of the first part also carry the row's scales (the
-// token's (dx, sx)). Consecutive threads take consecutive rows, so their stores are adjacent.
+// Tile loads: thread lid takes row (token) lid % BM (% BN) and the step's words W_WORDS *
+// (lid / BM) .. (X_WORDS * (lid / BN) ..), which lie in one block; the thread whose words start
+// a block also carries the row's scales (the token's (dx, sx)) for it. Consecutive threads take
+// consecutive rows, so their stores are adjacent.
 
 struct Carry {
     w: WRaw,
@@ -178,46 +182,53 @@ struct Carry {
     xs: vec4<f32>,
 }
 
-fn fetch_step(lid: u32, r0: u32, t0: u32, b: u32) -> Carry {
+fn fetch_step(lid: u32, r0: u32, t0: u32, step: u32) -> Carry {
     var f: Carry;
+    let n_blocks = p.cols / 32u;
     let m = lid % BM;
-    if r0 + m < p.rows && b < p.cols / 32u {
-        f.w = fetch_w_block((r0 + m) * p.row_words, b, W_WORDS * (lid / BM));
+    let wk = W_WORDS * (lid / BM);
+    let wb = step * KB + wk / 8u;
+    if r0 + m < p.rows && wb < n_blocks {
+        f.w = fetch_w_block((r0 + m) * p.row_words, wb, wk % 8u);
     }
     let n = lid % BN;
-    if t0 + n < p.n_tokens && b < p.cols / 32u {
-        let xb = p.x_offset + (t0 + n) * p.x_stride;
-        let k0 = X_WORDS * (lid / BN);
+    let xk = X_WORDS * (lid / BN);
+    let xb = step * KB + xk / 8u;
+    if t0 + n < p.n_tokens && xb < n_blocks {
+        let row = p.x_offset + (t0 + n) * p.x_stride;
         for (var k = 0u; k < X_WORDS; k++) {
-            f.x[k] = xq[xb + 8u * b + k0 + k];
+            f.x[k] = xq[row + 8u * xb + xk % 8u + k];
         }
-        if lid < BN {
-            let sb = xb + p.cols / 4u + 4u * b;
+        if xk % 8u == 0u {
+            let sb = row + p.cols / 4u + 4u * xb;
             f.xs = vec4<f32>(bitcast<f32>(xq[sb]), bitcast<f32>(xq[sb + 1u]), bitcast<f32>(xq[sb + 2u]), 0.0);
         }
     }
     return f;
 }
 
-fn put_step(lid: u32, b: u32, f: Carry) {
+fn put_step(lid: u32, step: u32, f: Carry) {
     let m = lid % BM;
-    let wk0 = W_WORDS * (lid / BM);
+    let wk = W_WORDS * (lid / BM);
+    let wb = step * KB + wk / 8u;
     for (var k = 0u; k < W_WORDS; k++) {
-        wq[(wk0 + k) * BM4 + m / 4u][m % 4u] = w_word(f.w, b, k, wk0 + k);
+        wq[(wk + k) * BM4 + m / 4u][m % 4u] = w_word(f.w, wb, k, wk % 8u + k);
     }
-    if lid < BM {
-        let s = w_scale(f.w, b);
-        wsd[m / 4u][m % 4u] = s.x;
-        wsm[m / 4u][m % 4u] = s.y;
+    if wk % 8u == 0u {
+        let s = w_scale(f.w, wb);
+        let slot = (wk / 8u) * BM4 + m / 4u;
+        wsd[slot][m % 4u] = s.x;
+        wsm[slot][m % 4u] = s.y;
     }
     let n = lid % BN;
-    let xk0 = X_WORDS * (lid / BN);
+    let xk = X_WORDS * (lid / BN);
     for (var k = 0u; k < X_WORDS; k++) {
-        xw[(xk0 + k) * BN4 + n / 4u][n % 4u] = f.x[k];
+        xw[(xk + k) * BN4 + n / 4u][n % 4u] = f.x[k];
     }
-    if lid < BN {
-        xsd[n / 4u][n % 4u] = f.xs.x;
-        xss[n / 4u][n % 4u] = f.xs.y + f.xs.z;
+    if xk % 8u == 0u {
+        let slot = (xk / 8u) * BN4 + n / 4u;
+        xsd[slot][n % 4u] = f.xs.x;
+        xss[slot][n % 4u] = f.xs.y + f.xs.z;
     }
 }
 
@@ -286,46 +297,49 @@ fn gemm_q8(
     let ty = lid / TX;
     acc = array<vec4<f32>, TM / 4u * TN>();
     dq = array<vec4<i32>, TM / 4u * TN>();
-    let n_blocks = p.cols / 32u;
+    let n_steps = (p.cols / 32u + KB - 1u) / KB;
     var next = fetch_step(lid, r0, t0, 0u);
-    for (var b = 0u; b < n_blocks; b++) {
-        put_step(lid, b, next);
+    for (var step = 0u; step < n_steps; step++) {
+        put_step(lid, step, next);
         workgroupBarrier();
-        next = fetch_step(lid, r0, t0, b + 1u);
-        for (var k = 0u; k < 8u; k++) {
-            let a0 = wq[k * BM4 + tx];
-            let b0 = xw[k * BN4 + ty];
-            idot4(0u, a0, b0);
+        next = fetch_step(lid, r0, t0, step + 1u);
+        for (var kb = 0u; kb < KB; kb++) {
+            for (var k = 0u; k < 8u; k++) {
+                let kw = (8u * kb + k);
+                let a0 = wq[kw * BM4 + tx];
+                let b0 = xw[kw * BN4 + ty];
+                idot4(0u, a0, b0);
 #ifdef TN8
-            let b1 = xw[k * BN4 + ty + TY];
-            idot4(4u, a0, b1);
+                let b1 = xw[kw * BN4 + ty + TY];
+                idot4(4u, a0, b1);
 #endif
 #ifdef TM8
-            let a1 = wq[k * BM4 + tx + TX];
-            idot4(TN, a1, b0);
+                let a1 = wq[kw * BM4 + tx + TX];
+                idot4(TN, a1, b0);
 #ifdef TN8
-            idot4(TN + 4u, a1, b1);
+                idot4(TN + 4u, a1, b1);
+#endif
+#endif
+            }
+            let dw0 = wsd[kb * BM4 + tx];
+            let mw0 = wsm[kb * BM4 + tx];
+            let dx0 = xsd[kb * BN4 + ty];
+            let sx0 = xss[kb * BN4 + ty];
+            scale4(0u, dw0, mw0, dx0, sx0);
+#ifdef TN8
+            let dx1 = xsd[kb * BN4 + ty + TY];
+            let sx1 = xss[kb * BN4 + ty + TY];
+            scale4(4u, dw0, mw0, dx1, sx1);
+#endif
+#ifdef TM8
+            let dw1 = wsd[kb * BM4 + tx + TX];
+            let mw1 = wsm[kb * BM4 + tx + TX];
+            scale4(TN, dw1, mw1, dx0, sx0);
+#ifdef TN8
+            scale4(TN + 4u, dw1, mw1, dx1, sx1);
 #endif
 #endif
         }
-        let dw0 = wsd[tx];
-        let mw0 = wsm[tx];
-        let dx0 = xsd[ty];
-        let sx0 = xss[ty];
-        scale4(0u, dw0, mw0, dx0, sx0);
-#ifdef TN8
-        let dx1 = xsd[ty + TY];
-        let sx1 = xss[ty + TY];
-        scale4(4u, dw0, mw0, dx1, sx1);
-#endif
-#ifdef TM8
-        let dw1 = wsd[tx + TX];
-        let mw1 = wsm[tx + TX];
-        scale4(TN, dw1, mw1, dx0, sx0);
-#ifdef TN8
-        scale4(TN + 4u, dw1, mw1, dx1, sx1);
-#endif
-#endif
         workgroupBarrier();
     }
     store4(r0, t0, tx, ty, acc[0], acc[1], acc[2], acc[3]);

@@ -238,8 +238,8 @@ fn check(
 }
 
 /// The tiles the device can build; in the browser (SwiftShader compiles each anew, seconds a
-/// tile) the largest GPU tile, the CPU tile and the smallest, which cover 8 x 8, 4 x 4, 4 and 8
-/// words a thread.
+/// tile) the largest GPU tile, the CPU tile, the smallest and one with a step of two blocks,
+/// which cover 8 x 8, 4 x 4, 4 and 8 words a thread, and the deeper step.
 fn tiles(ctx: &GpuContext) -> Vec<GemmConfig> {
     let all = gemm_q8::tiles();
     let browser = cfg!(target_arch = "wasm32");
@@ -247,8 +247,13 @@ fn tiles(ctx: &GpuContext) -> Vec<GemmConfig> {
         .filter(|c| gemm_q8::check(*c, &ctx.limits).is_ok())
         .filter(|c| {
             !browser
-                || *c == GemmConfig::TILE_128X128
+                || *c
+                    == GemmConfig {
+                        bk: 32,
+                        ..GemmConfig::TILE_128X128
+                    }
                 || *c == GemmConfig::CPU
+                || *c == GemmConfig::new(32, 32, 64, 4, 4)
                 || *c == GemmConfig::new(16, 16, 32, 4, 4)
         })
         .collect()
@@ -263,7 +268,8 @@ async fn check_type(ty: GgmlType) {
     let mut worst = 0.0f64;
     // The 8-bit X's own error against the f32 product (informative: X rounded to 8 bits).
     let mut x_error = 0.0f64;
-    for (ci, &(rows, cols)) in [(1u64, be), (37, 2 * be.max(256)), (130, be)]
+    // Three blocks of 32 (Q8_0, Q4_0): a step of 2 or 4 blocks ends past K.
+    for (ci, &(rows, cols)) in [(1u64, be), (37, 2 * be.max(256)), (130, 3 * be)]
         .iter()
         .enumerate()
     {

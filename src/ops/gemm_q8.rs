@@ -9,9 +9,10 @@
 //! blocks have one scale (and min) per 32 values: [`TYPES`]; the others keep the f32 tile.
 //! X's rounding to 8 bits is what llama.cpp does to activations for its quantized products.
 //!
-//! The tile is a [`GemmConfig`] (its `bk` and `prefetch` are not read: a step is one block of
-//! 32 values, always loaded a step ahead), recorded in the pipeline key; the dispatch reads BM
-//! and BN back from the key.
+//! The tile is a [`GemmConfig`] (its `prefetch` is not read: a step is always loaded a step
+//! ahead), recorded in the pipeline key; its `bk` is the step's depth in values, whole blocks
+//! of 32 ([`blocks_per_step`]: 16 or 32 is one block); the dispatch reads BM and BN back from
+//! the key.
 
 use std::mem::offset_of;
 use std::sync::Arc;
@@ -95,40 +96,34 @@ fn type_define(ty: GgmlType) -> Result<&'static str> {
         })
 }
 
-/// Quant words of a row (token) each thread loads per step: `8 * bm / threads` for W,
-/// `8 * bn / threads` for X.
-pub const fn words_per_thread(cfg: GemmConfig) -> (u32, u32) {
-    let wg = cfg.workgroup_size();
-    (8 * cfg.bm / wg, 8 * cfg.bn / wg)
+/// Blocks of 32 values a step of K takes: `bk / 32`, at least one (the f32 tiles' `bk` of 16
+/// is one block here).
+pub const fn blocks_per_step(cfg: GemmConfig) -> u32 {
+    if cfg.bk <= 32 {
+        1
+    } else {
+        cfg.bk / 32
+    }
 }
 
-/// Bytes of workgroup memory: each row's and token's 8 quant words and two scales.
+/// Quant words of a row (token) each thread loads per step: `8 * kb * bm / threads` for W,
+/// `8 * kb * bn / threads` for X.
+pub const fn words_per_thread(cfg: GemmConfig) -> (u32, u32) {
+    let wg = cfg.workgroup_size();
+    let kb = blocks_per_step(cfg);
+    (8 * kb * cfg.bm / wg, 8 * kb * cfg.bn / wg)
+}
+
+/// Bytes of workgroup memory: each row's and token's 8 quant words and two scales per block.
 pub const fn storage_bytes(cfg: GemmConfig) -> u32 {
-    (cfg.bm + cfg.bn) * 10 * 4
+    (cfg.bm + cfg.bn) * 10 * 4 * blocks_per_step(cfg)
 }
 
 /// Whether the shader can be built with this tile on a device with `limits`, and why not.
 pub fn check(cfg: GemmConfig, limits: &GpuLimits) -> Result<()> {
+    check_shape(cfg)?;
     let bad = |why: String| Err(Error::invalid(format!("gemm_q8 tile {cfg}: {why}")));
-    if !matches!(cfg.tm, 4 | 8) || !matches!(cfg.tn, 4 | 8) {
-        return bad("rows and tokens per thread must be 4 or 8".into());
-    }
-    if cfg.bm == 0
-        || cfg.bn == 0
-        || !cfg.bm.is_multiple_of(cfg.tm)
-        || !cfg.bn.is_multiple_of(cfg.tn)
-    {
-        return bad("bm must be a multiple of tm, bn of tn".into());
-    }
     let wg = cfg.workgroup_size();
-    // Each thread loads a whole number of a row's (token's) 8 words: 1, 2, 4 or 8 of them.
-    for (what, n) in [("rows", cfg.bm), ("tokens", cfg.bn)] {
-        if !(8 * n).is_multiple_of(wg) || !matches!(8 * n / wg, 1 | 2 | 4 | 8) {
-            return bad(format!(
-                "{wg} threads cannot share the 8 words of {n} {what} evenly"
-            ));
-        }
-    }
     if wg > limits.max_compute_invocations_per_workgroup || wg > limits.max_compute_workgroup_size_x
     {
         return bad(format!(
@@ -148,6 +143,38 @@ pub fn check(cfg: GemmConfig, limits: &GpuLimits) -> Result<()> {
     Ok(())
 }
 
+/// Whether the shader can be built with this tile at all (whatever the device), and why not.
+fn check_shape(cfg: GemmConfig) -> Result<()> {
+    let bad = |why: String| Err(Error::invalid(format!("gemm_q8 tile {cfg}: {why}")));
+    if !matches!(cfg.tm, 4 | 8) || !matches!(cfg.tn, 4 | 8) {
+        return bad("rows and tokens per thread must be 4 or 8".into());
+    }
+    if cfg.bm == 0
+        || cfg.bn == 0
+        || !cfg.bm.is_multiple_of(cfg.tm)
+        || !cfg.bn.is_multiple_of(cfg.tn)
+    {
+        return bad("bm must be a multiple of tm, bn of tn".into());
+    }
+    let kb = blocks_per_step(cfg);
+    if cfg.bk > 32 && (!matches!(kb, 2 | 4) || cfg.bk != 32 * kb) {
+        return bad("a step is 1, 2 or 4 blocks of 32 values (bk 32, 64 or 128)".into());
+    }
+    let wg = cfg.workgroup_size();
+    // Each thread loads 1, 2, 4 or 8 words of one block of a row (token): the step's 8 kb
+    // words of all rows shared evenly.
+    for (what, n) in [("rows", cfg.bm), ("tokens", cfg.bn)] {
+        let words = 8 * kb * n;
+        if !words.is_multiple_of(wg) || !matches!(words / wg, 1 | 2 | 4 | 8) {
+            return bad(format!(
+                "{wg} threads cannot share the {} words of {n} {what} evenly, 8 at most each",
+                8 * kb
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The pipeline key of a type and tile.
 pub fn key(ty: GgmlType, cfg: GemmConfig) -> Result<PipelineKey> {
     let (ww, xw) = words_per_thread(cfg);
@@ -158,6 +185,7 @@ pub fn key(ty: GgmlType, cfg: GemmConfig) -> Result<PipelineKey> {
         .define("BN", format!("{}u", cfg.bn))
         .define("TM", format!("{}u", cfg.tm))
         .define("TN", format!("{}u", cfg.tn))
+        .define("KB", format!("{}u", blocks_per_step(cfg)))
         .define("W_WORDS", format!("{ww}u"))
         .define("X_WORDS", format!("{xw}u"));
     if cfg.tm == 8 {
@@ -180,28 +208,48 @@ pub fn variants() -> Vec<Variant> {
     v
 }
 
-/// Every tile this kernel is built with: the GPU tiles, the CPU tile and a few odd shapes
-/// (8 words a thread, one word a thread).
+/// Every tile this kernel is built with: the GPU tiles at each step depth, the CPU tile and a
+/// few odd shapes (8 words a thread, one word a thread, a step of 4 blocks).
 pub fn tiles() -> Vec<GemmConfig> {
-    let mut t: Vec<GemmConfig> = GemmConfig::GPU_TILES.to_vec();
+    let mut t = Vec::new();
+    for base in GemmConfig::GPU_TILES {
+        for bk in [32, 64, 128] {
+            t.push(GemmConfig { bk, ..base });
+        }
+    }
     t.extend([
         GemmConfig::CPU,
         GemmConfig::new(64, 128, 32, 4, 8),
         GemmConfig::new(16, 16, 32, 4, 4),
         GemmConfig::new(64, 64, 32, 8, 8),
+        GemmConfig::new(32, 32, 64, 4, 4),
     ]);
+    // Only the shapes the kernel can be built with (a step of 4 blocks is too many words a
+    // thread for the 128-row tiles).
+    t.retain(|c| check_shape(*c).is_ok());
     t
 }
 
-/// The tile for `rows` weight rows and `n_tokens` tokens: [`GemmConfig::for_shape`]'s choice
-/// (the grid rule is the same: enough workgroups to fill the GPU, then the largest tile).
+/// The deepest step [`for_shape`] takes, in blocks of 32 (`CERA_GEMM_Q8_KB` natively: a bench
+/// knob).
+pub const MAX_BLOCKS_PER_STEP: u32 = 2;
+
+/// The tile for `rows` weight rows and `n_tokens` tokens: [`GemmConfig::for_shape`]'s rows and
+/// tokens (the grid rule is the same: enough workgroups to fill the GPU, then the largest
+/// tile), with the deepest step up to [`MAX_BLOCKS_PER_STEP`] the device's limits allow.
 pub fn for_shape(ctx: &GpuContext, rows: u64, n_tokens: u32) -> GemmConfig {
-    let cfg = GemmConfig::for_shape(ctx, rows, n_tokens);
-    if check(cfg, &ctx.limits).is_ok() {
-        cfg
-    } else {
-        GemmConfig::CPU
-    }
+    let base = GemmConfig::for_shape(ctx, rows, n_tokens);
+    let max_kb = crate::gpu::knob::knob_u64("CERA_GEMM_Q8_KB")
+        .map_or(MAX_BLOCKS_PER_STEP, |k| k.min(4) as u32);
+    [4, 2, 1]
+        .into_iter()
+        .filter(|&kb| kb <= max_kb)
+        .map(|kb| GemmConfig {
+            bk: 32 * kb,
+            ..base
+        })
+        .find(|c| check(*c, &ctx.limits).is_ok())
+        .unwrap_or(GemmConfig::CPU)
 }
 
 /// Prepare `Y[t, r] = sum_c W[r, c] X[t, c]` for `n_tokens` tokens on X quantized in `xq`
@@ -322,9 +370,43 @@ mod tests {
             min_storage_buffer_offset_alignment: 256,
             max_uniform_buffer_binding_size: 64 << 10,
         };
-        for c in tiles() {
+        // Every tile with a one-block step fits WebGPU's minimums; deeper steps need more
+        // workgroup memory (128 x 128 in steps of 64 values: 20 KiB), which for_shape checks.
+        for c in tiles().into_iter().filter(|c| blocks_per_step(*c) == 1) {
             assert!(check(c, &min).is_ok(), "{c}: {:?}", check(c, &min));
         }
+        let deep = GemmConfig {
+            bk: 64,
+            ..GemmConfig::TILE_128X128
+        };
+        assert!(check(deep, &min).is_err());
+        assert_eq!(storage_bytes(deep), 20 << 10);
+        assert_eq!(words_per_thread(deep), (8, 8));
+        assert!(check(GemmConfig { bk: 128, ..deep }, &min).is_err());
+        assert!(check(
+            GemmConfig {
+                bk: 96,
+                ..GemmConfig::TILE_64X64
+            },
+            &min
+        )
+        .is_err());
+        assert_eq!(blocks_per_step(GemmConfig::TILE_64X64_BK16), 1);
+        assert_eq!(
+            blocks_per_step(GemmConfig {
+                bk: 128,
+                ..GemmConfig::TILE_64X64
+            }),
+            4
+        );
+        assert!(check(
+            GemmConfig {
+                bk: 64,
+                ..GemmConfig::TILE_64X64
+            },
+            &min
+        )
+        .is_ok());
         assert_eq!(words_per_thread(GemmConfig::TILE_128X128), (4, 4));
         assert_eq!(words_per_thread(GemmConfig::CPU), (4, 4));
         // 16 threads over 32 rows would load 16 words a row each; 512 threads are too many.

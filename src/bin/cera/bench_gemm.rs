@@ -5,8 +5,10 @@
 //! `cera bench-gemm [--type q4_K] [--tokens 512] [--shapes llama|gemma | --rows R --cols C]
 //! [--tiles "128x64x16:8x4;64x64x32:4x4" | --sweep] [--no-registers] [--int8] [--iters N]`
 //!
-//! Without `--tiles` or `--sweep`, each shape runs with the tile `GemmConfig::for_shape` picks.
-//! `--int8` also runs each tile on the 8-bit GEMM (`ops::gemm_q8`) where the type has it.
+//! Without `--tiles` or `--sweep`, each shape runs with the tile `GemmConfig::for_shape` picks
+//! (`gemm_q8::for_shape` for the 8-bit GEMM). `--int8` also runs each tile on the 8-bit GEMM
+//! (`ops::gemm_q8`) where the type has it; there a tile's BK is its step's depth in values
+//! (16 or 32: one block of 32; 64: two; 128: four).
 
 use cera_web::gguf::GgmlType;
 use cera_web::gpu::GpuContext;
@@ -131,13 +133,19 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
         _ => return Err(Error::invalid("--rows and --cols go together")),
     }
     for (name, r, c) in &shapes {
-        let tiles = tiles
-            .clone()
-            .unwrap_or_else(|| vec![GemmConfig::for_shape(ctx, *r, n_tokens)]);
+        // Without --tiles: each kernel's own choice for the shape (the 8-bit one picks its
+        // step depth too).
+        let (tiles, int8_tiles) = match &tiles {
+            Some(t) => (t.clone(), t.clone()),
+            None => (
+                vec![GemmConfig::for_shape(ctx, *r, n_tokens)],
+                vec![gemm_q8::for_shape(ctx, *r, n_tokens)],
+            ),
+        };
         let mut kernels: Vec<Kernel> = tiles.iter().copied().map(Kernel::Tiled).collect();
         if int8 && gemm_q8::supports(ty) {
             kernels.extend(
-                tiles
+                int8_tiles
                     .iter()
                     .filter(|t| gemm_q8::check(**t, &ctx.limits).is_ok())
                     .map(|t| Kernel::Int8(*t)),
@@ -157,7 +165,7 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
         for k in &kernels {
             let kernel = match k {
                 Kernel::Tiled(t) => format!("gemm {t}"),
-                Kernel::Int8(t) => format!("gemm_q8 {}x{}:{}x{}", t.bm, t.bn, t.tm, t.tn),
+                Kernel::Int8(t) => format!("gemm_q8 {t} ({} blocks a step)", gemm_q8::blocks_per_step(*t)),
                 Kernel::Registers(m) => format!("matmul {m:?}"),
             };
             // A tile this device cannot build is reported and the sweep goes on.
