@@ -224,13 +224,24 @@ impl GemmConfig {
             .into_iter()
             .filter(|c| c.check(&ctx.limits).is_ok())
             .collect();
+        Self::filling(&fits, rows, n_tokens, Self::MIN_WORKGROUPS).unwrap_or(Self::TILE_64X64_BK16)
+    }
+
+    /// The first of `tiles` (largest first) whose grid over `rows` x `n_tokens` has at least
+    /// `min_workgroups` workgroups, else the one with the most; `None` when `tiles` is empty.
+    pub fn filling(
+        tiles: &[GemmConfig],
+        rows: u64,
+        n_tokens: u32,
+        min_workgroups: u64,
+    ) -> Option<GemmConfig> {
         let groups =
             |c: &GemmConfig| rows.div_ceil(c.bm as u64) * (n_tokens as u64).div_ceil(c.bn as u64);
-        fits.iter()
+        tiles
+            .iter()
             .copied()
-            .find(|c| groups(c) >= Self::MIN_WORKGROUPS)
-            .or_else(|| fits.iter().copied().max_by_key(groups))
-            .unwrap_or(Self::TILE_64X64_BK16)
+            .find(|c| groups(c) >= min_workgroups)
+            .or_else(|| tiles.iter().copied().max_by_key(groups))
     }
 
     /// The grid [`Self::for_shape`] wants at least: about one workgroup per core of a big GPU.

@@ -232,24 +232,51 @@ pub fn tiles() -> Vec<GemmConfig> {
 
 /// The deepest step [`for_shape`] takes, in blocks of 32 (`CERA_GEMM_Q8_KB` natively: a bench
 /// knob).
-pub const MAX_BLOCKS_PER_STEP: u32 = 2;
+pub const MAX_BLOCKS_PER_STEP: u32 = 4;
 
-/// The tile for `rows` weight rows and `n_tokens` tokens: [`GemmConfig::for_shape`]'s rows and
-/// tokens (the grid rule is the same: enough workgroups to fill the GPU, then the largest
-/// tile), with the deepest step up to [`MAX_BLOCKS_PER_STEP`] the device's limits allow.
+/// The grid [`for_shape`] wants at least (`CERA_GEMM_Q8_MINWG` natively: a bench knob): about
+/// two workgroups per core of a big GPU. Twice the f32 tile's ([`GemmConfig::MIN_WORKGROUPS`]):
+/// a step here is a quarter of the f32 tile's work per barrier, so a core needs a second
+/// workgroup to hide the first's barriers and loads.
+pub const MIN_WORKGROUPS: u64 = 256;
+
+/// The tile for `rows` weight rows and `n_tokens` tokens: the largest GPU tile whose grid has
+/// [`MIN_WORKGROUPS`] workgroups (else the one with the most), at the deepest step up to
+/// [`MAX_BLOCKS_PER_STEP`] the tile and the device's limits allow; the CPU tile on a CPU
+/// adapter. Measured on an H100 (`cera bench-gemm --int8 --tiles ...`, 256 tokens, Q4_K,
+/// GFLOP/s), against the f32 tile's grid rule and one block a step:
+///
+/// | rows x K | this rule | f32 rule, one block a step | best of 10 tiles |
+/// | --- | --- | --- | --- |
+/// | 6144 x 4096 (q+k+v) | 64x64x128: 19,573 | 128x64x32: 16,989 | 128x128x64: 20,331 |
+/// | 4096 x 4096 (q, o) | 64x64x128: 20,258 | 128x64x32: 17,134 | the same |
+/// | 1024 x 4096 (k) | 64x32x64: 8,056 | 64x32x32: 6,464 | the same |
+/// | 28672 x 4096 (gate+up) | 128x128x64: 15,859 | 128x128x32: 14,646 | 128x64x64: 15,911 |
+/// | 14336 x 4096 (up) | 128x64x64: 10,858 | 128x128x32: 10,323 | 128x128x64: 11,678 |
+/// | 4096 x 14336 (down) | 64x64x128: 10,359 | 128x64x32: 8,685 | the same |
 pub fn for_shape(ctx: &GpuContext, rows: u64, n_tokens: u32) -> GemmConfig {
-    let base = GemmConfig::for_shape(ctx, rows, n_tokens);
-    let max_kb = crate::gpu::knob::knob_u64("CERA_GEMM_Q8_KB")
-        .map_or(MAX_BLOCKS_PER_STEP, |k| k.min(4) as u32);
-    [4, 2, 1]
+    if super::matmul::is_cpu_adapter(ctx) {
+        return GemmConfig::CPU;
+    }
+    let knob = crate::gpu::knob::knob_u64;
+    let max_kb = knob("CERA_GEMM_Q8_KB").map_or(MAX_BLOCKS_PER_STEP, |k| k.clamp(1, 4) as u32);
+    let min_wg = knob("CERA_GEMM_Q8_MINWG").unwrap_or(MIN_WORKGROUPS);
+    // Each tile at its deepest step that builds here.
+    let deepest = |base: GemmConfig| {
+        [4, 2, 1]
+            .into_iter()
+            .filter(|&kb| kb <= max_kb)
+            .map(|kb| GemmConfig {
+                bk: 32 * kb,
+                ..base
+            })
+            .find(|c| check(*c, &ctx.limits).is_ok())
+    };
+    let fits: Vec<GemmConfig> = GemmConfig::GPU_TILES
         .into_iter()
-        .filter(|&kb| kb <= max_kb)
-        .map(|kb| GemmConfig {
-            bk: 32 * kb,
-            ..base
-        })
-        .find(|c| check(*c, &ctx.limits).is_ok())
-        .unwrap_or(GemmConfig::CPU)
+        .filter_map(deepest)
+        .collect();
+    GemmConfig::filling(&fits, rows, n_tokens, min_wg).unwrap_or(GemmConfig::CPU)
 }
 
 /// Prepare `Y[t, r] = sum_c W[r, c] X[t, c]` for `n_tokens` tokens on X quantized in `xq`

@@ -165,7 +165,10 @@ pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
         for k in &kernels {
             let kernel = match k {
                 Kernel::Tiled(t) => format!("gemm {t}"),
-                Kernel::Int8(t) => format!("gemm_q8 {t} ({} blocks a step)", gemm_q8::blocks_per_step(*t)),
+                Kernel::Int8(t) => format!(
+                    "gemm_q8 {t} ({} blocks a step)",
+                    gemm_q8::blocks_per_step(*t)
+                ),
                 Kernel::Registers(m) => format!("matmul {m:?}"),
             };
             // A tile this device cannot build is reported and the sweep goes on.
