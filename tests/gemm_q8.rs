@@ -414,14 +414,15 @@ fn f32_to_half(v: f32) -> u16 {
 }
 
 // quantize_x8 in both styles against llama.cpp's rounding: rows from an offset with a wider
-// stride, a block of zeros, a block of tiny values and blocks whose largest value is negative
-// (Q8_K's scale is signed). A quant may differ by one where the scaled value sits at a rounding
+// stride, a block of zeros, a block of tiny values, blocks whose largest value is negative
+// (Q8_K's scale is signed) and one with its largest magnitude twice. A quant may differ by one where the scaled value sits at a rounding
 // tie within f32 division's error; d and the sums (d times the quants' sum) are exact up to that.
 gpu_test!(quantize_x8_matches_llama_cpp, async {
     let ctx = common::shared_context().await;
     let mut rng = Rng::new(41);
     for style in [Style::Q8_0, Style::Q8K] {
-        let (n_rows, cols, stride, off) = (5usize, 512usize, 515usize, 7usize);
+        // 5 rows of 768: 960 words of quants, the last workgroup part empty.
+        let (n_rows, cols, stride, off) = (5usize, 768usize, 771usize, 7usize);
         let mut xs: Vec<f32> = rng
             .vec(off + n_rows * stride)
             .iter()
@@ -433,6 +434,9 @@ gpu_test!(quantize_x8_matches_llama_cpp, async {
         }
         xs[off + 2 * stride + 3] = -9.0;
         xs[off + 2 * stride + 300] = -9.5;
+        // Two values of the largest magnitude, the first positive: Q8_K takes the first.
+        xs[off + 3 * stride + 10] = 9.5;
+        xs[off + 3 * stride + 200] = -9.5;
         let x = ctx.storage_buffer("x", bytemuck::cast_slice(&xs));
         let bytes = quantize_x8::bytes(n_rows as u64, cols as u64);
         let out = ctx.empty_storage("xq", bytes).unwrap();

@@ -151,16 +151,25 @@ pub fn prepare(
             out.size()
         )));
     }
-    let blocks = n_rows as u64 * (n_cols / style.block()) as u64;
-    if blocks == 0 {
+    // One invocation per output word of quants (4 values).
+    let words = n_rows as u64 * (n_cols / 4) as u64;
+    if words == 0 {
         return Ok(());
     }
     u32_of("x end", x_offset + n_rows as u64 * x_stride)?;
+    u32_of("quant words", words)?;
     let ctx = rec.ctx;
     let pipe = ctx.pipeline(&key(style, ctx.limits.workgroup_size(WORKGROUP_SIZE)))?;
     let wg = pipe.decisions.workgroup_size as u64;
+    // A block's invocations work as a team inside one workgroup.
+    if !wg.is_multiple_of(style.block() as u64 / 4) {
+        return Err(Error::invalid(format!(
+            "quantize_x8: workgroups of {wg} invocations cannot hold whole teams of {} for {style:?}",
+            style.block() / 4
+        )));
+    }
     let grid = grid_2d(
-        blocks.div_ceil(wg),
+        words.div_ceil(wg),
         ctx.limits.max_compute_workgroups_per_dimension,
     )?;
     let params = QuantizeX8Params {
