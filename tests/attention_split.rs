@@ -13,7 +13,7 @@ mod common;
 
 use cera_web::gpu::readback::read_f32;
 use cera_web::gpu::{GpuContext, Recorder, Step};
-use cera_web::ops::attention::{self, AttentionConfig, AttentionParams};
+use cera_web::ops::attention::{self, AttentionParams};
 use cera_web::ops::attention_split::{self, Fresh, Query, SplitConfig};
 use cera_web::ops::{qk_rope, rope::RopeTable};
 use cera_web::rope::{RopeConfig, RopeType};
@@ -629,57 +629,6 @@ async fn bad_arguments() {
     .unwrap();
 }
 gpu_test!(bad_arguments_are_clear_errors, bad_arguments());
-
-/// Decode of Gemma 3's shape (4 heads x 256, 1 KV head) over 700 and 4000 cells, the attention
-/// kernel in the device's shape against the split one: milliseconds from submit to readback,
-/// the best of 5 after a warm-up run. Logged, not asserted (the numbers decide which kernel a
-/// CPU adapter gets).
-async fn timing() {
-    let ctx = common::shared_context().await;
-    for cells in [700u32, 4000] {
-        let p = gemma(1, cells - 1, 0);
-        let (q, k, v) = inputs(&p, cells as usize, cells as usize);
-        let qb = ctx.storage_buffer("split q", bytemuck::cast_slice(&q));
-        let kb = ctx.storage_buffer("split k", bytemuck::cast_slice(&k));
-        let vb = ctx.storage_buffer("split v", bytemuck::cast_slice(&v));
-        let out = ctx.empty_storage("split out", q.len() as u64 * 4).unwrap();
-        let old_cfg = AttentionConfig::for_device(&ctx).fit(&ctx, &p);
-        let mut best = [f64::INFINITY; 2];
-        for run in 0..6 {
-            for (which, slot) in best.iter_mut().enumerate() {
-                let t0 = now_ms();
-                let mut enc = ctx.device.create_command_encoder(&Default::default());
-                if which == 0 {
-                    attention::encode_with(&ctx, &mut enc, old_cfg, &p, &qb, &kb, &vb, &out)
-                        .unwrap();
-                } else {
-                    attention_split::encode(
-                        &ctx,
-                        &mut enc,
-                        SplitConfig::for_head(&ctx, p.head_dim),
-                        &p,
-                        &qb,
-                        &kb,
-                        &vb,
-                        &out,
-                    )
-                    .unwrap();
-                }
-                ctx.queue.submit([enc.finish()]);
-                read_f32(&ctx, &out, 0, q.len()).await.unwrap();
-                if run > 0 {
-                    *slot = slot.min(now_ms() - t0);
-                }
-            }
-        }
-        tlog!(
-            "decode 4 x 256 over {cells} cells: attention ({old_cfg:?}) {:.2} ms, split {:.2} ms",
-            best[0],
-            best[1]
-        );
-    }
-}
-gpu_test!(timing_old_vs_split, timing());
 
 /// One case of the fused decode partial ([`attention_split::Query::Fresh`]).
 #[derive(Clone, Copy, Debug)]

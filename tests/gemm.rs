@@ -49,10 +49,11 @@ fn tolerance(ty: GgmlType) -> f64 {
 /// small shapes still span several tiles; those the device cannot build are skipped.
 ///
 /// In the browser SwiftShader compiles each tile of each type anew (about 2.4 s a tile, 26 s for
-/// the list), so there the whole list runs on F32 and Q4_K (a float loader and a super-block
-/// one) and the other types take the tile this adapter picks, the largest GPU tile (what a real
-/// GPU in the browser picks first) and the tiny one. The tile code is one WGSL for every type,
-/// only the loaders differ; natively every type runs every tile.
+/// the list), so there the whole list runs on Q4_K (the real model's type, a super-block loader)
+/// and the other types, F32 among them, take the tile this adapter picks, the largest GPU tile
+/// (what a real GPU in the browser picks first) and the tiny one: each loader on several tiles,
+/// each tile on one loader. The tile code is one WGSL for every type, only the loaders differ;
+/// natively every type runs every tile, on the same WGSL and inputs.
 fn tiles(ctx: &GpuContext, ty: GgmlType) -> Vec<GemmConfig> {
     let all = [
         GemmConfig::TILE_128X128,
@@ -67,8 +68,7 @@ fn tiles(ctx: &GpuContext, ty: GgmlType) -> Vec<GemmConfig> {
         GemmConfig::new(64, 128, 16, 4, 8),
         GemmConfig::new(16, 8, 8, 4, 4),
     ];
-    let browser_subset =
-        cfg!(target_arch = "wasm32") && !matches!(ty, GgmlType::F32 | GgmlType::Q4K);
+    let browser_subset = cfg!(target_arch = "wasm32") && ty != GgmlType::Q4K;
     let mut v: Vec<GemmConfig> = all
         .into_iter()
         .filter(|c| c.check(&ctx.limits).is_ok())

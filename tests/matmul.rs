@@ -100,15 +100,15 @@ const SHAPES: [MatmulConfig; 17] = [
 
 /// The shapes [`check_type`] runs on `ty`. In the browser SwiftShader compiles every kernel
 /// of every type anew (a device's pipeline cache is all it keeps), and the shapes are one WGSL
-/// for every type (only the loaders differ, `quant_decls`), so there every shape runs on F32 and
-/// Q4_K (a float loader and a super-block one) and the other types take one shape of each kernel
-/// family: a thread a row (also SwiftShader's own GEMV), cooperative units (a GPU's GEMM, and
-/// 3 tokens a thread), interleaved row teams, and the teams without subgroups sharing rows
-/// (what a GPU in the browser runs for a GEMV). The public `gemv`/`gemm` entry points (the
-/// adapter's own picks) run on every type. Natively every type runs every shape.
+/// for every type (only the loaders differ, `quant_decls`), so there every shape runs on Q4_K
+/// (the real model's type, a super-block loader) and the other types, F32 among them, take one
+/// shape of each kernel family: a thread a row (also SwiftShader's own GEMV), cooperative units
+/// (a GPU's GEMM, and 3 tokens a thread), interleaved row teams, and the teams without subgroups
+/// sharing rows (what a GPU in the browser runs for a GEMV). The public `gemv`/`gemm` entry
+/// points (the adapter's own picks) run on every type. Natively every type runs every shape, on
+/// the same WGSL and inputs.
 fn shapes(ty: GgmlType) -> Vec<MatmulConfig> {
-    let browser_subset =
-        cfg!(target_arch = "wasm32") && !matches!(ty, GgmlType::F32 | GgmlType::Q4K);
+    let browser_subset = cfg!(target_arch = "wasm32") && ty != GgmlType::Q4K;
     let families = [
         SHAPES[0],  // MatmulConfig::simple(1)
         SHAPES[3],  // MatmulConfig::cooperative(256, 8, 8)

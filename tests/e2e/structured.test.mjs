@@ -1,9 +1,13 @@
 // Structured output and the OpenAI-shaped API in headless Chromium (WebGPU on SwiftShader) with
-// the real Gemma 3 270M: the official `openai` client talks to the engine through `engine.fetch`
-// (a JSON schema at temperature 1, then a streamed json_object answer), and the worker engine
-// takes a Lark grammar; a tool call makes the round trip (call parsed, result sent back as a tool
+// the real Gemma 3 270M in the worker engine: the official `openai` client talks to it through
+// `engine.fetch` (a JSON schema at temperature 1, then a streamed json_object answer), it takes a
+// Lark grammar, and a tool call makes the round trip (call parsed, result sent back as a tool
 // message, final answer). Outputs are validated here with Ajv, not by the code under test.
 // SwiftShader runs a decode step in ~2.5 s: generations are short and timed. Needs `scripts/build`.
+// One engine for the file, loaded once: each load on SwiftShader fetches the model and compiles
+// every pipeline anew on its device. It is the worker engine (the page's UI never blocks on the
+// GPU), which is `Engine` behind postMessage with the same `fetch` and options: the main-thread
+// `Engine` runs the real model in demo.test.mjs, and its OpenAI layer is the same js/openai.js.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import Ajv from 'ajv';
@@ -13,13 +17,18 @@ const port = Number(process.env.CERA_STRUCTURED_PORT || 18794);
 const MODEL = '/models/gemma-3-270m-q4_k_m.gguf';
 const log = (...a) => console.log('[structured]', ...a);
 
+// The schema of the native test (tests/structured.rs, `person_schema`: six seeds there): a nested
+// object, an enum, an array and required fields, with the free parts bounded (a 4-character name,
+// one tag, a one-digit zip) so the sampled answer is a few decode steps of a few seconds each here;
+// the keys and punctuation are forced and cost no step. A longer string or number would only add
+// steps of the same kind (with maxLength 10, two tags and a 5-digit zip this test took 88-137 s).
 const SCHEMA = {
   type: 'object',
   properties: {
-    name: { type: 'string', maxLength: 10 },
+    name: { type: 'string', maxLength: 4 },
     role: { enum: ['admin', 'user', 'guest'] },
-    tags: { type: 'array', items: { enum: ['new', 'vip'] }, maxItems: 2 },
-    address: { type: 'object', properties: { zip: { type: 'integer', minimum: 0, maximum: 99999 } }, required: ['zip'], additionalProperties: false },
+    tags: { type: 'array', items: { enum: ['new', 'vip'] }, maxItems: 1 },
+    address: { type: 'object', properties: { zip: { type: 'integer', minimum: 0, maximum: 9 } }, required: ['zip'], additionalProperties: false },
   },
   required: ['name', 'role', 'tags', 'address'],
   additionalProperties: false,
@@ -39,7 +48,7 @@ before(async () => {
   const ok = await page.evaluate(async (model) => {
     const m = await import('/js/index.js');
     const { default: OpenAI } = await import('/node_modules/openai/index.mjs');
-    window.engine = await m.Engine.load(model, { contextSize: 256 });
+    window.engine = await m.createWorkerEngine(model, { contextSize: 256 });
     window.client = new OpenAI({ apiKey: 'unused', baseURL: `${location.origin}/v1`, fetch: window.engine.fetch, dangerouslyAllowBrowser: true, maxRetries: 0 });
     window.cera = m;
     return true;
@@ -49,6 +58,7 @@ before(async () => {
 });
 
 after(async () => {
+  await page?.evaluate(() => window.engine?.dispose()).catch(() => {});
   await browser?.close();
   server?.stop();
 });
@@ -118,22 +128,18 @@ test('openai client: streamed json_object chunks, usage last; the mask time is r
 
 test('worker engine: a Lark grammar, and a bad grammar is INVALID_ARGUMENT', { timeout: 600_000 }, async () => {
   const t0 = Date.now();
-  const r = await page.evaluate(async (model) => {
-    const w = await window.cera.createWorkerEngine(model, { contextSize: 128 });
+  const r = await page.evaluate(async () => {
+    const w = window.engine;
+    const lark = 'start: "The answer is " NUMBER "."\nNUMBER: /[0-9]{1,3}/\n';
+    const text = await w.chat([{ role: 'user', content: 'What is 6 times 7?' }], { grammar: { lark }, temperature: 0, maxTokens: 10 }).text();
+    let error = null;
     try {
-      const lark = 'start: "The answer is " NUMBER "."\nNUMBER: /[0-9]{1,3}/\n';
-      const text = await w.chat([{ role: 'user', content: 'What is 6 times 7?' }], { grammar: { lark }, temperature: 0, maxTokens: 10 }).text();
-      let error = null;
-      try {
-        await w.chat([{ role: 'user', content: 'Hi' }], { grammar: { gbnf: 'root ::= x\nx ::= <[42]>\n' } }).text();
-      } catch (e) {
-        error = { code: e.code, message: e.message };
-      }
-      return { text, error };
-    } finally {
-      await w.dispose();
+      await w.chat([{ role: 'user', content: 'Hi' }], { grammar: { gbnf: 'root ::= x\nx ::= <[42]>\n' } }).text();
+    } catch (e) {
+      error = { code: e.code, message: e.message };
     }
-  }, MODEL);
+    return { text, error };
+  });
   log(`worker lark in ${Date.now() - t0} ms: ${JSON.stringify(r)}`);
   assert.match(r.text, /^The answer is [0-9]{1,3}\.$/);
   assert.equal(r.error?.code, 'INVALID_ARGUMENT');

@@ -2,11 +2,14 @@
 //! runs the kv_shift check against the CPU reference; `cera inspect MODEL.gguf` prints metadata,
 //! tensors, bytes per quant type and the GPU memory plan; `cera load MODEL.gguf` times a load;
 //! `cera bench-gemv` prints GEMV bandwidth per weight type and shape beside a plain copy's;
-//! `cera bench-delta` times the gated delta rule's recurrent and chunked forms.
+//! `cera bench-delta` times the gated delta rule's recurrent and chunked forms;
+//! `cera bench-attention` times decode attention, one workgroup a head against the split kernel.
 
 #[cfg(target_arch = "wasm32")]
 fn main() {}
 
+#[cfg(not(target_arch = "wasm32"))]
+mod bench_attention;
 #[cfg(not(target_arch = "wasm32"))]
 mod bench_delta;
 #[cfg(not(target_arch = "wasm32"))]
@@ -116,6 +119,17 @@ fn main() {
                 });
             }
         }
+        Some("bench-attention") => {
+            let ctx = open();
+            if let Err(e) = bench_attention::run(&ctx, &args[2..]) {
+                eprintln!("error: {e}");
+                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument {
+                    2
+                } else {
+                    1
+                });
+            }
+        }
         Some("bench-delta") => {
             let ctx = open();
             if let Err(e) = bench_delta::run(&ctx, &args[2..]) {
@@ -140,9 +154,10 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: cera adapter | cera selfcheck | cera inspect MODEL.gguf [--json] | cera load MODEL.gguf | {} | {}",
+                "usage: cera adapter | cera selfcheck | cera inspect MODEL.gguf [--json] | cera load MODEL.gguf | {} | {} | {}",
                 bench_gemv::USAGE,
-                bench_delta::USAGE
+                bench_delta::USAGE,
+                bench_attention::USAGE
             );
             std::process::exit(2);
         }
