@@ -403,8 +403,8 @@ pub fn split_x_cells(ctx: &GpuContext, hp: &HParams) -> u32 {
 /// The split kernel serves decode (`n == 1`), where a workgroup per head leaves a GPU idle
 /// (Gemma 3 270M: 4 workgroups walking the whole cache), on GPUs. Prefill batches already have
 /// `n * n_head` workgroups. CPU adapters keep the one-workgroup-per-head kernel: on lavapipe
-/// the split one measured about even at 700 cells and faster only at 4000 (tests/attention_split.rs,
-/// `timing_old_vs_split`), and it adds a dispatch per layer. `split` overrides the choice by
+/// the split one measured about even at 700 cells and faster only at 4000 (`cera
+/// bench-attention --cells 700,4000`), and it adds a dispatch per layer. `split` overrides the choice by
 /// adapter for decode ([`crate::model::Model::split_attention`]).
 pub fn split_attention(
     ctx: &GpuContext,
