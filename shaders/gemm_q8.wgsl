@@ -240,21 +240,12 @@ fn idot4(base: u32, a: vec4<u32>, b: vec4<u32>) {
     dq[base + 3u] += vec4<i32>(dot4I8Packed(a.x, b.w), dot4I8Packed(a.y, b.w), dot4I8Packed(a.z, b.w), dot4I8Packed(a.w, b.w));
 }
 
-// A block's integer sum as f32, exactly: |n| < 2^22 (32 products of i8 quants are at most
-// 32 * 128 * 127), so 1.5 * 2^23 + n is an f32 whose low mantissa bits are n. An integer add and
-// a float subtract instead of a conversion, which NVIDIA GPUs issue at a quarter of the rate
-// (one per product of a block per thread: a third of a block's dot products' issue slots).
-const MAGIC: i32 = 0x4b400000; // 12582912.0, 1.5 * 2^23
-fn exact_f32(n: vec4<i32>) -> vec4<f32> {
-    return bitcast<vec4<f32>>(n + vec4<i32>(MAGIC)) - vec4<f32>(12582912.0);
-}
-
 // acc[base + q] += dw dx_q dq - mw sx_q for the four tokens q of a token slot, and dq cleared.
 fn scale4(base: u32, dw: vec4<f32>, mw: vec4<f32>, dx: vec4<f32>, sx: vec4<f32>) {
-    acc[base] = fma(dw * dx.x, exact_f32(dq[base]), acc[base]) - mw * sx.x;
-    acc[base + 1u] = fma(dw * dx.y, exact_f32(dq[base + 1u]), acc[base + 1u]) - mw * sx.y;
-    acc[base + 2u] = fma(dw * dx.z, exact_f32(dq[base + 2u]), acc[base + 2u]) - mw * sx.z;
-    acc[base + 3u] = fma(dw * dx.w, exact_f32(dq[base + 3u]), acc[base + 3u]) - mw * sx.w;
+    acc[base] = fma(dw * dx.x, vec4<f32>(dq[base]), acc[base]) - mw * sx.x;
+    acc[base + 1u] = fma(dw * dx.y, vec4<f32>(dq[base + 1u]), acc[base + 1u]) - mw * sx.y;
+    acc[base + 2u] = fma(dw * dx.z, vec4<f32>(dq[base + 2u]), acc[base + 2u]) - mw * sx.z;
+    acc[base + 3u] = fma(dw * dx.w, vec4<f32>(dq[base + 3u]), acc[base + 3u]) - mw * sx.w;
     dq[base] = vec4<i32>(0);
     dq[base + 1u] = vec4<i32>(0);
     dq[base + 2u] = vec4<i32>(0);
