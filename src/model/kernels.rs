@@ -51,18 +51,16 @@ pub fn residual_norm(
     rmsnorm::prepare_residual(rec, x, 0, Some(residual), Some(w), out, 0, rows, len, eps)
 }
 
-/// Weights of fewer values than this keep the f32-tile GEMM in prefill: measured on an H200,
-/// Gemma 3 270M's projections (at most 4096 x 640, 2.6 M values) prefill 256 tokens at 21,416
-/// tok/s on 8-bit X against 23,966 on the f32 tile (the quantizing dispatches cost more than
-/// their small products gain), where every Llama 3 8B projection (16.8 M values and up) gains
-/// (prefill 256: Q4_K 957 -> 1,281 tok/s, Q8_0 1,064 -> 1,428).
-pub const GEMM_Q8_MIN_VALUES: u64 = 1 << 22;
-
 /// Whether the product of `w` over a batch of `n` tokens runs on 8-bit X ([`gemm_q8`]): a batch
-/// the tiled GEMM takes, a type the 8-bit kernel reads, a weight of at least
-/// [`GEMM_Q8_MIN_VALUES`]. `force` (the model's `prefill_q8`, or natively `CERA_GEMM_Q8=0/1`)
-/// overrides the size and batch rules: `Some(true)` takes it for any batch of 2 or more tokens
-/// whose weight the kernel reads, `Some(false)` never.
+/// the tiled GEMM takes and a type the 8-bit kernel reads, whatever the weight's size. `force`
+/// (the model's `prefill_q8`, or natively `CERA_GEMM_Q8=0/1`) overrides the batch rule:
+/// `Some(true)` takes it for any batch of 2 or more tokens whose weight the kernel reads,
+/// `Some(false)` never.
+///
+/// Measured on an H100 (prefill of 256 tokens, tok/s, f32 X -> 8-bit X): Llama 3 8B Q4_K 955 ->
+/// 1,512, Q8_0 -> 1,603; Gemma 3 270M Q4_K_M 23,600 -> 26,000. (With the first 8-bit kernel,
+/// a step of one block and a quantizer of one invocation per block, the 270M's small
+/// projections were 10 % slower on it, and weights under 4 M values kept the f32 tile.)
 pub fn gemm_q8_wanted(ctx: &GpuContext, w: &GpuTensor, n: u32, force: Option<bool>) -> bool {
     let knob = crate::gpu::knob::knob("CERA_GEMM_Q8");
     let force = match knob.as_deref().map(str::trim) {
@@ -73,7 +71,7 @@ pub fn gemm_q8_wanted(ctx: &GpuContext, w: &GpuTensor, n: u32, force: Option<boo
     let readable = n > 1 && gemm_q8::supports(w.ty) && w.cols.is_multiple_of(32);
     match force {
         Some(f) => f && readable,
-        None => readable && gemm::use_gemm(ctx, n) && w.rows * w.cols >= GEMM_Q8_MIN_VALUES,
+        None => readable && gemm::use_gemm(ctx, n),
     }
 }
 
