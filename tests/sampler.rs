@@ -301,6 +301,14 @@ gpu_test!(penalties_lower_a_repeated_token, async {
 
 /// Bitsets with every word shape: all allowed, none, alternating bits, a random sparse set, and
 /// a tail word that is partly past the vocabulary.
+/// How many values differ bit for bit.
+fn bit_diffs(got: &[f32], want: &[f32]) -> usize {
+    got.iter()
+        .zip(want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count()
+}
+
 fn masks(n: usize, seed: u64) -> Vec<Vec<u32>> {
     let words = n.div_ceil(32);
     let mut rng = Rng::new(seed);
@@ -335,11 +343,7 @@ gpu_test!(mask_matches_cpu_over_awkward_sizes, async {
                 .unwrap();
             let mut want = logits.clone();
             cpu_mask(&mut want, bits);
-            let bad = got
-                .iter()
-                .zip(&want)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
+            let bad = bit_diffs(&got, &want);
             tlog!(
                 "mask n={n} mask {m}: {bad} differ, {} allowed",
                 want.iter().filter(|x| x.is_finite()).count()
@@ -411,10 +415,6 @@ gpu_test!(mask_repeated_equals_mask_once, async {
     tlog!("mask upload + dispatch over {n} tokens: {ms:.3} ms per step (with one readback)");
     let mut want = logits;
     cpu_mask(&mut want, bits);
-    let bad = got
-        .iter()
-        .zip(&want)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
+    let bad = bit_diffs(&got, &want);
     assert_eq!(bad, 0, "{runs} masks in a row differ from one");
 });

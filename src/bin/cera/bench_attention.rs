@@ -16,19 +16,11 @@ pub const USAGE: &str = "cera bench-attention [--cells 700,4000] [--iters 5]";
 
 pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
     let (mut cells, mut iters) = (vec![700u32, 4000], 5u32);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let v = it
-            .next()
-            .ok_or_else(|| Error::invalid(format!("{a} needs a value; usage: {USAGE}")))?;
-        let num = |v: &str| {
-            v.parse::<u32>()
-                .map_err(|_| Error::invalid(format!("{a}: {v:?} is not a number")))
-        };
-        match a.as_str() {
-            "--cells" => cells = v.split(',').map(num).collect::<Result<_>>()?,
-            "--iters" => iters = num(v)?.max(1),
-            _ => return Err(Error::invalid(format!("unknown flag {a}; usage: {USAGE}"))),
+    for f in crate::flags::pairs(args, USAGE)? {
+        match f.flag {
+            "--cells" => cells = f.nums()?,
+            "--iters" => iters = f.num()?.max(1),
+            _ => return Err(f.unknown(USAGE)),
         }
     }
     for &n in &cells {

@@ -16,22 +16,14 @@ pub const USAGE: &str = "cera bench-delta [--tokens 1,2,4,...] [--k-heads 16] [-
 pub fn run(ctx: &GpuContext, args: &[String]) -> Result<()> {
     let mut tokens: Vec<u32> = vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
     let (mut hk, mut hv, mut s, mut iters) = (16u32, 16u32, 128u32, 0u32);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let v = it
-            .next()
-            .ok_or_else(|| Error::invalid(format!("{a} needs a value; usage: {USAGE}")))?;
-        let num = |v: &str| {
-            v.parse::<u32>()
-                .map_err(|_| Error::invalid(format!("{a}: {v:?} is not a number")))
-        };
-        match a.as_str() {
-            "--tokens" => tokens = v.split(',').map(num).collect::<Result<_>>()?,
-            "--k-heads" => hk = num(v)?,
-            "--v-heads" => hv = num(v)?,
-            "--state" => s = num(v)?,
-            "--iters" => iters = num(v)?,
-            _ => return Err(Error::invalid(format!("unknown flag {a}; usage: {USAGE}"))),
+    for f in crate::flags::pairs(args, USAGE)? {
+        match f.flag {
+            "--tokens" => tokens = f.nums()?,
+            "--k-heads" => hk = f.num()?,
+            "--v-heads" => hv = f.num()?,
+            "--state" => s = f.num()?,
+            "--iters" => iters = f.num()?,
+            _ => return Err(f.unknown(USAGE)),
         }
     }
     let shape = DeltaShape {

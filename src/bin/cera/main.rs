@@ -17,6 +17,8 @@ mod bench_gemm;
 #[cfg(not(target_arch = "wasm32"))]
 mod bench_gemv;
 #[cfg(not(target_arch = "wasm32"))]
+mod flags;
+#[cfg(not(target_arch = "wasm32"))]
 mod inspect;
 #[cfg(not(target_arch = "wasm32"))]
 mod llm;
