@@ -10,7 +10,7 @@ use cera_web::gpu::readback::read_f32;
 use cera_web::gpu::GpuContext;
 use cera_web::ops::attention::{self, AttentionConfig, AttentionParams};
 use cera_web::ops::attention_split::{self, SplitConfig};
-use cera_web::{Error, Result};
+use cera_web::Result;
 
 pub const USAGE: &str = "cera bench-attention [--cells 700,4000] [--iters 5]";
 
