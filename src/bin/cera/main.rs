@@ -110,50 +110,10 @@ fn main() {
                 }
             }
         }
-        Some("bench-gemm") => {
-            let ctx = open();
-            if let Err(e) = bench_gemm::run(&ctx, &args[2..]) {
-                eprintln!("error: {e}");
-                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument {
-                    2
-                } else {
-                    1
-                });
-            }
-        }
-        Some("bench-attention") => {
-            let ctx = open();
-            if let Err(e) = bench_attention::run(&ctx, &args[2..]) {
-                eprintln!("error: {e}");
-                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument {
-                    2
-                } else {
-                    1
-                });
-            }
-        }
-        Some("bench-delta") => {
-            let ctx = open();
-            if let Err(e) = bench_delta::run(&ctx, &args[2..]) {
-                eprintln!("error: {e}");
-                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument {
-                    2
-                } else {
-                    1
-                });
-            }
-        }
-        Some("bench-gemv") => {
-            let ctx = open();
-            if let Err(e) = bench_gemv::run(&ctx, &args[2..]) {
-                eprintln!("error: {e}");
-                std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument {
-                    2
-                } else {
-                    1
-                });
-            }
-        }
+        Some("bench-gemm") => bench(&open(), bench_gemm::run, &args[2..]),
+        Some("bench-attention") => bench(&open(), bench_attention::run, &args[2..]),
+        Some("bench-delta") => bench(&open(), bench_delta::run, &args[2..]),
+        Some("bench-gemv") => bench(&open(), bench_gemv::run, &args[2..]),
         _ => {
             eprintln!(
                 "usage: cera adapter | cera selfcheck | cera inspect MODEL.gguf [--json] | cera load MODEL.gguf | {} | {} | {}",
@@ -163,5 +123,22 @@ fn main() {
             );
             std::process::exit(2);
         }
+    }
+}
+
+/// Run a bench command; its error exits 2 when the arguments were wrong, else 1.
+#[cfg(not(target_arch = "wasm32"))]
+fn bench(
+    ctx: &cera_web::gpu::GpuContext,
+    run: fn(&cera_web::gpu::GpuContext, &[String]) -> cera_web::Result<()>,
+    args: &[String],
+) {
+    if let Err(e) = run(ctx, args) {
+        eprintln!("error: {e}");
+        std::process::exit(if e.code == cera_web::ErrorCode::InvalidArgument {
+            2
+        } else {
+            1
+        });
     }
 }
