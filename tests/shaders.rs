@@ -29,8 +29,12 @@ fn every_shader_variant_validates() {
         // ES targets); wgpu grants it on every Vulkan/Metal/DX12 device and the browser needs none.
         // SUBGROUP: the matmul variants that use subgroup shuffles (built only where the device
         // has the feature).
+        // COOPERATIVE_MATRIX and SHADER_FLOAT16: gemm_coop.wgsl (built only where the device has
+        // both).
         let caps = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32
-            | naga::valid::Capabilities::SUBGROUP;
+            | naga::valid::Capabilities::SUBGROUP
+            | naga::valid::Capabilities::COOPERATIVE_MATRIX
+            | naga::valid::Capabilities::SHADER_FLOAT16;
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
             .validate(&module)
             .unwrap_or_else(|e| {

@@ -111,6 +111,9 @@ pub struct GpuContext {
     pub adapter_limits: GpuLimits,
     pub adapter: AdapterSummary,
     pub features: wgpu::Features,
+    /// Whether the device multiplies cooperative matrices of 16 x 16 x 16 with f16 inputs and
+    /// an f32 accumulator on subgroups of 32 (`ops::gemm_coop`; natively only, where offered).
+    pub coop_f16: bool,
     pipelines: PipelineCache,
     /// Errors reported by wgpu outside any scope (validation, out of memory), surfaced at the
     /// next [`GpuContext::check_errors`] instead of a panic.
@@ -166,6 +169,32 @@ impl GpuContext {
             } else {
                 wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
             };
+        // Cooperative matrices (tensor cores) for the prefill GEMM, natively where the adapter
+        // multiplies 16 x 16 f16 fragments into f32 on subgroups of exactly 32 (wgpu's feature
+        // is experimental; `CERA_GEMM_COOP=0` leaves it off).
+        let coop_f16 = !cfg!(target_arch = "wasm32")
+            && crate::gpu::knob::knob("CERA_GEMM_COOP")
+                .as_deref()
+                .map(str::trim)
+                != Some("0")
+            && adapter.features().contains(
+                wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+                    | wgpu::Features::SHADER_F16
+                    | wgpu::Features::SUBGROUP,
+            )
+            && info.subgroup_min_size == 32
+            && info.subgroup_max_size == 32
+            && adapter.cooperative_matrix_properties().iter().any(|c| {
+                (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+                    && c.ab_type == wgpu::CooperativeScalarType::F16
+                    && c.cr_type == wgpu::CooperativeScalarType::F32
+            });
+        let wanted = wanted
+            | if coop_f16 {
+                wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16
+            } else {
+                wgpu::Features::empty()
+            };
         let features = adapter.features() & wanted;
         let offered = adapter.limits();
         let required = Self::required_limits(req, &offered, &summary.name)?;
@@ -174,7 +203,14 @@ impl GpuContext {
                 label: Some("cera-web"),
                 required_features: features,
                 required_limits: required,
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                // SAFETY: wgpu's experimental features may have bugs; the one asked for here is
+                // only requested where the adapter reports the fragment shape the kernel uses,
+                // and one knob turns it off.
+                experimental_features: if coop_f16 {
+                    unsafe { wgpu::ExperimentalFeatures::enabled() }
+                } else {
+                    wgpu::ExperimentalFeatures::disabled()
+                },
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
             })
@@ -204,6 +240,12 @@ impl GpuContext {
             adapter_limits: GpuLimits::from_wgpu(&offered),
             adapter: summary,
             features: device.features(),
+            coop_f16: coop_f16
+                && device.features().contains(
+                    wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+                        | wgpu::Features::SHADER_F16
+                        | wgpu::Features::SUBGROUP,
+                ),
             device,
             queue,
             pipelines: PipelineCache::default(),

@@ -30,6 +30,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../../shaders/wg_sum_decls.tmpl"),
     ),
     (
+        "gemm_decls.tmpl",
+        include_str!("../../shaders/gemm_decls.tmpl"),
+    ),
+    (
         "act_decls.tmpl",
         include_str!("../../shaders/act_decls.tmpl"),
     ),
@@ -38,6 +42,10 @@ pub const FILES: &[(&str, &str)] = &[
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
     ("gemm.wgsl", include_str!("../../shaders/gemm.wgsl")),
     ("gemm_q8.wgsl", include_str!("../../shaders/gemm_q8.wgsl")),
+    (
+        "gemm_coop.wgsl",
+        include_str!("../../shaders/gemm_coop.wgsl"),
+    ),
     (
         "quantize_x8.wgsl",
         include_str!("../../shaders/quantize_x8.wgsl"),

@@ -10,7 +10,8 @@ use crate::model::Workspace;
 use crate::ops::elementwise::{self, View};
 use crate::ops::rope::RopeTable;
 use crate::ops::{
-    attention, attention_split, gemm, gemm_q8, glu, matmul, qk_rope, quantize_x8, rmsnorm,
+    attention, attention_split, gemm, gemm_coop, gemm_q8, glu, matmul, qk_rope, quantize_x8,
+    rmsnorm,
 };
 
 /// `out (rows, len) = rmsnorm(x) * w` (in place when `out` is `x`).
@@ -55,7 +56,8 @@ pub fn residual_norm(
 /// the tiled GEMM takes and a type the 8-bit kernel reads, whatever the weight's size. `force`
 /// (the model's `prefill_q8`, or natively `CERA_GEMM_Q8=0/1`) overrides the batch rule:
 /// `Some(true)` takes it for any batch of 2 or more tokens whose weight the kernel reads,
-/// `Some(false)` never.
+/// `Some(false)` never. Without `force`, a device with cooperative matrices multiplies f32 X on
+/// them instead ([`gemm_coop::wanted`]).
 ///
 /// Measured on an H100 (prefill of 256 tokens, tok/s, f32 X -> 8-bit X): Llama 3 8B Q4_K 955 ->
 /// 1,512, Q8_0 -> 1,603; Gemma 3 270M Q4_K_M 23,600 -> 26,000. (With the first 8-bit kernel,
@@ -71,7 +73,8 @@ pub fn gemm_q8_wanted(ctx: &GpuContext, w: &GpuTensor, n: u32, force: Option<boo
     let readable = n > 1 && gemm_q8::supports(w.ty) && w.cols.is_multiple_of(32);
     match force {
         Some(f) => f && readable,
-        None => readable && gemm::use_gemm(ctx, n),
+        // Where the device has cooperative matrices, the f32-X product runs on them instead.
+        None => readable && gemm::use_gemm(ctx, n) && !gemm_coop::wanted(ctx, w, n),
     }
 }
 

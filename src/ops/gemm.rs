@@ -479,36 +479,76 @@ pub fn prepare_strided(
     if n_tokens == 0 || w.rows == 0 {
         return Ok(());
     }
+    cfg.check(&rec.ctx.limits)?;
+    let io = TiledIo {
+        x,
+        x_offset,
+        x_stride,
+        y,
+        y_offset,
+        y_stride,
+    };
+    prepare_tiled(rec, &key(w.ty, cfg)?, w, &io, n_tokens)
+}
+
+/// Where a tiled GEMM reads X and writes Y: `x` is `(n_tokens, x_stride)` f32 from element
+/// `x_offset` (`x_stride` defaults to `w.cols`), `y` `(n_tokens, y_stride)` from `y_offset`
+/// (`y_stride` defaults to `w.rows`).
+pub(super) struct TiledIo<'a> {
+    pub x: &'a wgpu::Buffer,
+    pub x_offset: u64,
+    pub x_stride: Option<u64>,
+    pub y: &'a wgpu::Buffer,
+    pub y_offset: u64,
+    pub y_stride: Option<u64>,
+}
+
+/// The dispatches of a tiled GEMM whose shader reads [`GemmParams`] and the bindings of
+/// `gemm_decls.tmpl` (`gemm.wgsl`, `gemm_coop.wgsl`) on the pipeline of `key`, whose BM and BN
+/// it reads back: one per part of `w`.
+pub(super) fn prepare_tiled(
+    rec: &mut Recorder,
+    key: &PipelineKey,
+    w: &GpuTensor,
+    io: &TiledIo,
+    n_tokens: u32,
+) -> Result<()> {
+    if n_tokens == 0 || w.rows == 0 {
+        return Ok(());
+    }
     let ctx = rec.ctx;
-    cfg.check(&ctx.limits)?;
-    let y_stride = y_stride.unwrap_or(w.rows);
+    let kind = key.entry;
+    let y_stride = io.y_stride.unwrap_or(w.rows);
     if y_stride < w.rows {
         return Err(Error::invalid(format!(
-            "gemm {}: y stride {y_stride} is below the {} rows",
+            "{kind} {}: y stride {y_stride} is below the {} rows",
             w.name, w.rows
         )));
     }
-    let x_stride = x_stride.unwrap_or(w.cols);
+    let x_stride = io.x_stride.unwrap_or(w.cols);
     if x_stride < w.cols {
         return Err(Error::invalid(format!(
-            "gemm {}: x stride {x_stride} is below the {} cols",
+            "{kind} {}: x stride {x_stride} is below the {} cols",
             w.name, w.cols
         )));
     }
-    let pipe: Arc<CachedPipeline> = ctx.pipeline(&key(w.ty, cfg)?)?;
+    let pipe: Arc<CachedPipeline> = ctx.pipeline(key)?;
     let (bm, bn) = (
         pipe.key.require_u32("BM")? as u64,
         pipe.key.require_u32("BN")? as u64,
     );
     let u32_of = |what: &str, v: u64| {
         u32::try_from(v).map_err(|_| {
-            Error::invalid(format!("gemm {}: {what} = {v} does not fit in u32", w.name))
+            Error::invalid(format!(
+                "{kind} {}: {what} = {v} does not fit in u32",
+                w.name
+            ))
         })
     };
     let token_tiles = (n_tokens as u64).div_ceil(bn);
     // The last element each binding is indexed at must fit the shader's u32 arithmetic.
-    u32_of("x end", x_offset + n_tokens as u64 * x_stride)?;
-    u32_of("y end", y_offset + n_tokens as u64 * y_stride)?;
+    u32_of("x end", io.x_offset + n_tokens as u64 * x_stride)?;
+    u32_of("y end", io.y_offset + n_tokens as u64 * y_stride)?;
     let label = pipe.key.label();
     for part in &w.parts {
         if part.rows == 0 {
@@ -521,9 +561,9 @@ pub fn prepare_strided(
             cols: u32_of("cols", w.cols)?,
             row_words: u32_of("row words", w.row_bytes / 4)?,
             n_tokens,
-            x_offset: u32_of("x offset", x_offset)?,
+            x_offset: u32_of("x offset", io.x_offset)?,
             x_stride: u32_of("x stride", x_stride)?,
-            y_offset: u32_of("y offset", y_offset + part.row_start)?,
+            y_offset: u32_of("y offset", io.y_offset + part.row_start)?,
             y_stride: u32_of("y stride", y_stride)?,
             token_tiles: u32_of("token tiles", token_tiles)?,
             pad0: 0,
@@ -534,10 +574,10 @@ pub fn prepare_strided(
         let entries = [
             buffer_entry(0, &ubuf),
             buffer_entry(1, &part.buffer),
-            buffer_entry(2, x),
-            buffer_entry(3, y),
+            buffer_entry(2, io.x),
+            buffer_entry(3, io.y),
         ];
-        rec.push("gemm", &pipe, &entries, grid);
+        rec.push(kind, &pipe, &entries, grid);
     }
     Ok(())
 }

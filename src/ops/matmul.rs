@@ -929,8 +929,9 @@ pub fn matmul(
 }
 
 /// `Y[t, r] = sum_c W[r, c] * X[t, c]` in the device's shape for `n_tokens`: a GEMV for one
-/// token, the tiled GEMM ([`super::gemm`]) for a batch where it is the faster kernel, else this
-/// kernel's register shape.
+/// token, the tiled GEMM for a batch where it is the faster kernel (on cooperative matrices,
+/// [`super::gemm_coop`], where the device has them, else [`super::gemm`]), else this kernel's
+/// register shape.
 #[allow(clippy::too_many_arguments)]
 pub fn prepare_auto(
     rec: &mut Recorder,
@@ -959,6 +960,12 @@ pub fn prepare_auto_strided(
     y_stride: Option<u64>,
     n_tokens: u32,
 ) -> Result<()> {
+    if super::gemm_coop::wanted(rec.ctx, w, n_tokens) {
+        let cfg = super::gemm_coop::for_shape(rec.ctx, w.rows, n_tokens);
+        return super::gemm_coop::prepare(
+            rec, cfg, w, x, x_offset, x_stride, y, y_offset, y_stride, n_tokens,
+        );
+    }
     if super::gemm::use_gemm(rec.ctx, n_tokens) {
         let cfg = super::gemm::GemmConfig::for_shape(rec.ctx, w.rows, n_tokens);
         return super::gemm::prepare_strided(

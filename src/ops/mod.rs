@@ -9,6 +9,7 @@ pub mod embed;
 pub mod gated_delta;
 pub mod gated_delta_chunked;
 pub mod gemm;
+pub mod gemm_coop;
 pub mod gemm_q8;
 pub mod glu;
 pub mod kv_shift;
@@ -74,6 +75,7 @@ pub fn all_variants() -> Vec<Variant> {
     v.extend(matmul::variants());
     v.extend(gemm::variants());
     v.extend(gemm_q8::variants());
+    v.extend(gemm_coop::variants());
     v.extend(quantize_x8::variants());
     v.extend(matmul_bench::variants());
     v.extend(argmax::variants());
