@@ -18,7 +18,9 @@ enable wgpu_cooperative_matrix;
 // X[t0 + n, k0 + k] column-major in `xb` (token n at n * LDB), so both tiles keep K contiguous,
 // as in memory. The rows are padded by 8 values (16 bytes) against bank conflicts. (The tiles
 // are f16 arrays stored value by value: the NVIDIA Vulkan compiler refused cooperative loads of
-// f16 through a u32 array, which would have stored two values a word.)
+// f16 through a u32 array, which would have stored two values a word). Tried and dropped:
+// K-major tiles (A loaded column-major, B row-major, stores of neighbouring rows adjacent), 1,050
+// tok/s against 1,806 for an 8B prefill on an H100.
 //
 // Defines (chosen in src/ops/gemm_coop.rs, which reads BM and BN back for the dispatch):
 //   TYPE_*: the weight type, as in gemm.wgsl. SG_M, SG_N: subgroups along rows and tokens.
