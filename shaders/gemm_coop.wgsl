@@ -37,6 +37,14 @@ enable wgpu_cooperative_matrix;
 
 #include "gemm_decls.tmpl"
 
+// The same buffers as `w` (Q4_K only: the one type whose runs are read so) and `x`, 4 words
+// (values) at a time: a run's aligned words in one load instead of one load each
+// (src/ops/gemm.rs binds them; `p.x_vec4` says whether X's rows are aligned for it).
+#ifdef TYPE_Q4_K
+@group(0) @binding(4) var<storage, read> w4: array<vec4<u32>>;
+#endif
+@group(0) @binding(5) var<storage, read> x4: array<vec4<f32>>;
+
 const N_SG: u32 = SG_M * SG_N;
 const SUB_M: u32 = 16u * FM; // rows of a subgroup's part of the tile
 const LDA: u32 = BK + 8u; // f16s between rows of the W tile
@@ -53,11 +61,28 @@ var<workgroup> cs: array<f32, N_SG * 256u>; // one 16 x 16 fragment per subgroup
 // and store neighbouring values of a tile row. fetch_* only load (registers); put_* decode,
 // convert and store.
 
+#ifdef TYPE_Q4_K
+// Q4_K's fetch8 (weight_decode.tmpl) in three loads instead of six: a block's 36 words start
+// at a multiple of 4 (rows are whole blocks), so its header (d, dmin, 3 scale words) is one
+// vec4; the run's two quant words stay scalar loads.
+fn fetch8_vec(rb: u32, c: u32) -> Raw {
+    let bw = rb + 36u * (c / 256u);
+    let j = (c % 256u) / 32u;
+    let q = bw + 4u + 8u * (j / 2u) + (c % 32u) / 4u;
+    let h = w4[bw / 4u];
+    return Raw(vec4<u32>(w[q], w[q + 1u], h.x, 0u), vec4<u32>(h.y, h.z, h.w, 0u));
+}
+#else
+fn fetch8_vec(rb: u32, c: u32) -> Raw {
+    return fetch8(rb, c);
+}
+#endif
+
 fn fetch_w(i: u32, r0: u32, k0: u32) -> Raw {
     let m = i / (BK / 8u);
     let c = k0 + 8u * (i % (BK / 8u));
     if r0 + m < p.rows && c < p.cols {
-        return fetch8((r0 + m) * p.row_words, c);
+        return fetch8_vec((r0 + m) * p.row_words, c);
     }
     return Raw(vec4<u32>(0u), vec4<u32>(0u));
 }
@@ -85,7 +110,9 @@ fn fetch_x(i: u32, t0: u32, k0: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     if t0 + n < p.n_tokens && c < p.cols {
         let xi = p.x_offset + (t0 + n) * p.x_stride + c;
-        if c + 4u <= p.cols {
+        if c + 4u <= p.cols && p.x_vec4 == 1u {
+            v = x4[xi / 4u];
+        } else if c + 4u <= p.cols {
             v = vec4<f32>(x[xi], x[xi + 1u], x[xi + 2u], x[xi + 3u]);
         } else {
             // A float row's tail: the X values past `cols` belong to the next token.

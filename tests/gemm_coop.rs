@@ -26,8 +26,10 @@ use common::Rng;
 /// products of two f16 are exact in f32, so only the accumulation's rounding is left.
 const TOLERANCE: f64 = 1e-5;
 
-/// Elements before X[0, 0] and before Y[0, 0]; Y rows are `rows + Y_PAD` apart.
-const X_OFF: u64 = 5;
+/// Elements before X[0, 0] and before Y[0, 0]; Y rows are `rows + Y_PAD` apart. X_OFF is a
+/// multiple of 4, so rows of a multiple of 4 values 4-aligned apart take the kernel's vec4 loads
+/// of X; the 7-token runs (rows `cols + 3` apart) and odd float rows take its scalar ones.
+const X_OFF: u64 = 4;
 const Y_OFF: u64 = 3;
 const Y_PAD: u64 = 3;
 /// What Y holds before the product: every element not an output must still hold it after.

@@ -44,7 +44,9 @@ pub struct GemmParams {
     pub y_stride: u32,
     /// Workgroups along the tokens: `ceil(n_tokens / BN)`.
     pub token_tiles: u32,
-    pub pad0: u32,
+    /// `gemm_coop.wgsl`: 1 when X may be read 4 values at a time (offset and stride multiples
+    /// of 4, the buffer whole vec4s); `gemm.wgsl` does not read it.
+    pub x_vec4: u32,
     pub pad1: u32,
     pub pad2: u32,
 }
@@ -62,7 +64,7 @@ impl WgslParams for GemmParams {
         ("y_offset", offset_of!(GemmParams, y_offset)),
         ("y_stride", offset_of!(GemmParams, y_stride)),
         ("token_tiles", offset_of!(GemmParams, token_tiles)),
-        ("pad0", offset_of!(GemmParams, pad0)),
+        ("x_vec4", offset_of!(GemmParams, x_vec4)),
         ("pad1", offset_of!(GemmParams, pad1)),
         ("pad2", offset_of!(GemmParams, pad2)),
     ];
@@ -487,6 +489,8 @@ pub fn prepare_strided(
         y,
         y_offset,
         y_stride,
+        w_vec4: false,
+        x_vec4: false,
     };
     prepare_tiled(rec, &key(w.ty, cfg)?, w, &io, n_tokens)
 }
@@ -501,6 +505,10 @@ pub(super) struct TiledIo<'a> {
     pub y: &'a wgpu::Buffer,
     pub y_offset: u64,
     pub y_stride: Option<u64>,
+    /// Whether the shader also reads W as vec4s (binding 4), and X (binding 5): `gemm_coop.wgsl`
+    /// (W only for the types it reads so: Q4_K).
+    pub w_vec4: bool,
+    pub x_vec4: bool,
 }
 
 /// The dispatches of a tiled GEMM whose shader reads [`GemmParams`] and the bindings of
@@ -549,6 +557,17 @@ pub(super) fn prepare_tiled(
     // The last element each binding is indexed at must fit the shader's u32 arithmetic.
     u32_of("x end", io.x_offset + n_tokens as u64 * x_stride)?;
     u32_of("y end", io.y_offset + n_tokens as u64 * y_stride)?;
+    let x_vec4 = io.x_vec4
+        && io.x_offset.is_multiple_of(4)
+        && x_stride.is_multiple_of(4)
+        && io.x.size().is_multiple_of(16);
+    if io.x_vec4 && io.x.size() < 16 {
+        return Err(Error::invalid(format!(
+            "{kind} {}: X's buffer of {} bytes is below one vec4",
+            w.name,
+            io.x.size()
+        )));
+    }
     let label = pipe.key.label();
     for part in &w.parts {
         if part.rows == 0 {
@@ -566,17 +585,23 @@ pub(super) fn prepare_tiled(
             y_offset: u32_of("y offset", io.y_offset + part.row_start)?,
             y_stride: u32_of("y stride", y_stride)?,
             token_tiles: u32_of("token tiles", token_tiles)?,
-            pad0: 0,
+            x_vec4: x_vec4 as u32,
             pad1: 0,
             pad2: 0,
         };
         let ubuf = rec.uniform(&label, &params);
-        let entries = [
+        let mut entries = vec![
             buffer_entry(0, &ubuf),
             buffer_entry(1, &part.buffer),
             buffer_entry(2, io.x),
             buffer_entry(3, io.y),
         ];
+        if io.w_vec4 {
+            entries.push(buffer_entry(4, &part.buffer));
+        }
+        if io.x_vec4 {
+            entries.push(buffer_entry(5, io.x));
+        }
         rec.push(kind, &pipe, &entries, grid);
     }
     Ok(())

@@ -277,6 +277,8 @@ pub fn prepare(
         y,
         y_offset,
         y_stride,
+        w_vec4: w.ty == GgmlType::Q4K,
+        x_vec4: true,
     };
     gemm::prepare_tiled(rec, &key(w.ty, cfg)?, w, &io, n_tokens)
 }
