@@ -101,20 +101,21 @@ impl CoopConfig {
 
     /// The tiles [`for_shape`] chooses among, largest first: 8 subgroups of 32 x 32 over 128
     /// rows, then smaller grids' tiles.
-    pub const TILES: [CoopConfig; 4] = [
-        CoopConfig::new(4, 2, 2, 64),
+    pub const TILES: [CoopConfig; 3] = [
         CoopConfig::new(4, 2, 2, 32),
         CoopConfig::new(2, 2, 2, 32),
         CoopConfig::new(2, 1, 2, 64),
     ];
 
     /// Tiles the tests and the bench build besides [`CoopConfig::TILES`] (4 fragments a
-    /// subgroup, 16 subgroups): measured slower on an H100, kept buildable for sweeps.
+    /// subgroup, 128 tokens): measured slower on an H100, kept buildable for sweeps. Every tile
+    /// here fits the 32 KiB of workgroup memory the engine asks a device for (128 x 64 at 64
+    /// values a step, or 128 x 128 with two fragments a subgroup, would need 36).
     pub const OTHER_TILES: [CoopConfig; 4] = [
         CoopConfig::new(2, 4, 4, 32),
         CoopConfig::new(2, 2, 4, 32),
         CoopConfig::new(2, 2, 4, 64),
-        CoopConfig::new(4, 4, 2, 32),
+        CoopConfig::new(2, 4, 2, 32),
     ];
 }
 
@@ -154,8 +155,8 @@ pub fn available(ctx: &GpuContext) -> bool {
 }
 
 /// Whether the product of `w` over a batch of `n` tokens runs here: the device has it, the
-/// batch is one the tiled GEMMs take ([`gemm::use_gemm`]), the type is one they read, and one
-/// of the 128-row tiles fills the GPU ([`MIN_WORKGROUPS`]). Smaller products stay on the other
+/// batch is one the tiled GEMMs take ([`gemm::use_gemm`]), the type is one they read, and the
+/// first (128-row) tile fills the GPU ([`MIN_WORKGROUPS`]). Smaller products stay on the other
 /// kernels (the 8-bit one where it reads the type), measured faster there on an H100 (256
 /// tokens, tok/s): Gemma 3 270M 25,700 here against 27,900 on 8-bit X; Llama 3 8B Q4_K 1,856
 /// here against 1,515.
@@ -164,7 +165,7 @@ pub fn wanted(ctx: &GpuContext, w: &GpuTensor, n: u32) -> bool {
         && n > 1
         && gemm::use_gemm(ctx, n)
         && TYPES.iter().any(|(t, _)| *t == w.ty)
-        && CoopConfig::TILES[..2]
+        && CoopConfig::TILES[..1]
             .iter()
             .any(|c| c.check(&ctx.limits).is_ok() && grid(c, w.rows, n) >= MIN_WORKGROUPS)
 }
@@ -181,8 +182,8 @@ fn grid(c: &CoopConfig, rows: u64, n_tokens: u32) -> u64 {
 /// that builds here and whose grid has [`MIN_WORKGROUPS`] workgroups, else the one with the
 /// most. `CERA_GEMM_COOP_TILE=BMxBNxBK:FM` natively forces one (a bench knob). Measured on an
 /// H100, Llama 3 8B Q4_K prefill of 256 tokens with every product on one tile (tok/s):
-/// 128x64x32:2 1,856; 128x128x32:2 1,576; 64x32x64:2 1,572; 128x64x64:4 1,576; 64x64x32:2 1,467;
-/// 128x128x32:4 1,497; 128x64x32:4 1,303 (the 8-bit kernel: 1,515).
+/// 128x64x32:2 1,856; 64x32x64:2 1,572; 128x64x64:4 1,576; 64x64x32:2 1,467; 128x128x32:4
+/// 1,497; 128x64x32:4 1,303 (the 8-bit kernel: 1,515).
 pub fn for_shape(ctx: &GpuContext, rows: u64, n_tokens: u32) -> CoopConfig {
     if let Some(t) = crate::gpu::knob::knob("CERA_GEMM_COOP_TILE") {
         if let Ok(c) = t.parse::<CoopConfig>() {
