@@ -62,6 +62,26 @@ pub struct GpuLimits {
 }
 
 impl GpuLimits {
+    /// Why a workgroup of `threads` invocations holding `storage` bytes of workgroup memory
+    /// cannot run on this device (its tile checks share it), or `None` when it can.
+    pub fn workgroup_misfit(&self, threads: u32, storage: u32) -> Option<String> {
+        let max_threads = self
+            .max_compute_invocations_per_workgroup
+            .min(self.max_compute_workgroup_size_x);
+        if threads > max_threads {
+            return Some(format!(
+                "{threads} threads exceed this device's {max_threads} invocations per workgroup"
+            ));
+        }
+        if storage > self.max_compute_workgroup_storage_size {
+            return Some(format!(
+                "{storage} bytes of workgroup memory exceed this device's {}",
+                self.max_compute_workgroup_storage_size
+            ));
+        }
+        None
+    }
+
     pub fn from_wgpu(l: &wgpu::Limits) -> Self {
         GpuLimits {
             max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,

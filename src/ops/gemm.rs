@@ -275,24 +275,10 @@ impl GemmConfig {
             ));
         }
         let wg = self.workgroup_size();
-        if wg > limits.max_compute_invocations_per_workgroup
-            || wg > limits.max_compute_workgroup_size_x
-        {
-            return bad(format!(
-                "{wg} threads exceed this device's {} invocations per workgroup",
-                limits
-                    .max_compute_invocations_per_workgroup
-                    .min(limits.max_compute_workgroup_size_x)
-            ));
+        match limits.workgroup_misfit(wg, self.storage_bytes()) {
+            Some(why) => bad(why),
+            None => Ok(()),
         }
-        if self.storage_bytes() > limits.max_compute_workgroup_storage_size {
-            return bad(format!(
-                "{} bytes of workgroup memory exceed this device's {}",
-                self.storage_bytes(),
-                limits.max_compute_workgroup_storage_size
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -371,7 +357,8 @@ pub fn use_gemm(_ctx: &GpuContext, n_tokens: u32) -> bool {
     n_tokens >= 32
 }
 
-fn type_define(ty: GgmlType) -> Result<&'static str> {
+/// The shader define of a weight type the tiled GEMMs read (`gemm.wgsl`, `gemm_coop.wgsl`).
+pub(super) fn type_define(ty: GgmlType) -> Result<&'static str> {
     TYPES
         .iter()
         .find(|(t, _)| *t == ty)

@@ -79,24 +79,10 @@ impl CoopConfig {
                 "{wg} threads cannot share the tile's runs evenly (1 to 4 of each a thread)"
             ));
         }
-        if wg > limits.max_compute_invocations_per_workgroup
-            || wg > limits.max_compute_workgroup_size_x
-        {
-            return bad(format!(
-                "{wg} threads exceed this device's {} invocations per workgroup",
-                limits
-                    .max_compute_invocations_per_workgroup
-                    .min(limits.max_compute_workgroup_size_x)
-            ));
+        match limits.workgroup_misfit(wg, self.storage_bytes()) {
+            Some(why) => bad(why),
+            None => Ok(()),
         }
-        if self.storage_bytes() > limits.max_compute_workgroup_storage_size {
-            return bad(format!(
-                "{} bytes of workgroup memory exceed this device's {}",
-                self.storage_bytes(),
-                limits.max_compute_workgroup_storage_size
-            ));
-        }
-        Ok(())
     }
 
     /// The tiles [`for_shape`] chooses among, largest first: 8 subgroups of 32 x 32 over 128
@@ -165,9 +151,8 @@ pub fn wanted(ctx: &GpuContext, w: &GpuTensor, n: u32) -> bool {
         && n > 1
         && gemm::use_gemm(ctx, n)
         && TYPES.iter().any(|(t, _)| *t == w.ty)
-        && CoopConfig::TILES[..1]
-            .iter()
-            .any(|c| c.check(&ctx.limits).is_ok() && grid(c, w.rows, n) >= MIN_WORKGROUPS)
+        && CoopConfig::TILES[0].check(&ctx.limits).is_ok()
+        && grid(&CoopConfig::TILES[0], w.rows, n) >= MIN_WORKGROUPS
 }
 
 /// The grid [`for_shape`] wants at least: about one workgroup of 8 subgroups per core of a big
@@ -203,24 +188,11 @@ pub fn for_shape(ctx: &GpuContext, rows: u64, n_tokens: u32) -> CoopConfig {
         .unwrap_or(CoopConfig::new(2, 2, 2, 32))
 }
 
-fn type_define(ty: GgmlType) -> Result<&'static str> {
-    TYPES
-        .iter()
-        .find(|(t, _)| *t == ty)
-        .map(|(_, d)| *d)
-        .ok_or_else(|| {
-            Error::new(
-                ErrorCode::UnsupportedQuant,
-                format!("tensor type {ty} has no cooperative-matrix gemm kernel"),
-            )
-        })
-}
-
 /// The pipeline key of a type and tile.
 pub fn key(ty: GgmlType, cfg: CoopConfig) -> Result<PipelineKey> {
     let (w_runs, x_runs) = cfg.runs_per_thread();
     let k = PipelineKey::new(SHADER, ENTRY)
-        .define(type_define(ty)?, "")
+        .define(gemm::type_define(ty)?, "")
         .workgroup_size(cfg.workgroup_size())
         .define("BM", format!("{}u", cfg.bm()))
         .define("BN", format!("{}u", cfg.bn()))

@@ -123,24 +123,10 @@ pub const fn storage_bytes(cfg: GemmConfig) -> u32 {
 pub fn check(cfg: GemmConfig, limits: &GpuLimits) -> Result<()> {
     check_shape(cfg)?;
     let bad = |why: String| Err(Error::invalid(format!("gemm_q8 tile {cfg}: {why}")));
-    let wg = cfg.workgroup_size();
-    if wg > limits.max_compute_invocations_per_workgroup || wg > limits.max_compute_workgroup_size_x
-    {
-        return bad(format!(
-            "{wg} threads exceed this device's {} invocations per workgroup",
-            limits
-                .max_compute_invocations_per_workgroup
-                .min(limits.max_compute_workgroup_size_x)
-        ));
+    match limits.workgroup_misfit(cfg.workgroup_size(), storage_bytes(cfg)) {
+        Some(why) => bad(why),
+        None => Ok(()),
     }
-    if storage_bytes(cfg) > limits.max_compute_workgroup_storage_size {
-        return bad(format!(
-            "{} bytes of workgroup memory exceed this device's {}",
-            storage_bytes(cfg),
-            limits.max_compute_workgroup_storage_size
-        ));
-    }
-    Ok(())
 }
 
 /// Whether the shader can be built with this tile at all (whatever the device), and why not.
