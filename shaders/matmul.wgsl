@@ -538,8 +538,10 @@ fn rows_main(g: u32, lane: u32, slot: u32) {
     let t = g / p.row_groups;
     let r0 = tr.y;
     xbase = p.x_offset + t * p.x_stride;
-#ifdef GLU_WG
-    xbase = 0u; // X is in xw4
+#ifdef X_WG
+    // X is in xw4, one token's (live workgroups have t = 0 and x_offset = 0 there); a
+    // workgroup past the grid's end must not index past it either.
+    xbase = 0u;
 #endif
     for (var k = 0u; k < NR; k++) {
         accr[k] = 0.0;
@@ -770,8 +772,10 @@ fn matmul(
         nt = min(NT, p.n_tokens - t0);
     }
     xbase = p.x_offset + t0 * p.x_stride;
-#ifdef GLU_WG
-    xbase = 0u; // X is in xw4
+#ifdef X_WG
+    // X is in xw4, one token's (live workgroups have t = 0 and x_offset = 0 there); a
+    // workgroup past the grid's end must not index past it either.
+    xbase = 0u;
 #endif
 #ifdef XQ8
 #ifndef XQ8_MEM

@@ -191,7 +191,10 @@ pub fn for_shape(ctx: &GpuContext, rows: u64, n_tokens: u32) -> CoopConfig {
 /// The pipeline key of a type and tile.
 pub fn key(ty: GgmlType, cfg: CoopConfig) -> Result<PipelineKey> {
     let (w_runs, x_runs) = cfg.runs_per_thread();
+    // Trusted, loops unbounded (docs/dispatch.md, "Trusted kernels").
     let k = PipelineKey::new(SHADER, ENTRY)
+        .trusted()
+        .unbounded_loops()
         .define(gemm::type_define(ty)?, "")
         .workgroup_size(cfg.workgroup_size())
         .define("BM", format!("{}u", cfg.bm()))
@@ -202,7 +205,13 @@ pub fn key(ty: GgmlType, cfg: CoopConfig) -> Result<PipelineKey> {
         .define("FM", format!("{}u", cfg.fm))
         .define("W_RUNS", format!("{w_runs}u"))
         .define("X_RUNS", format!("{x_runs}u"));
-    Ok(if cfg.fm == 4 { k.define("FM4", "") } else { k })
+    let k = if cfg.fm == 4 { k.define("FM4", "") } else { k };
+    // Q4_K and Q8_0 decode without integer-to-float conversions (the shader's FAST_W).
+    Ok(if matches!(ty, GgmlType::Q4K | GgmlType::Q8_0) {
+        k.define("FAST_W", "")
+    } else {
+        k
+    })
 }
 
 /// The tiles the engine may pick and the tests use, for every type (the naga test validates

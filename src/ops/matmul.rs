@@ -574,8 +574,10 @@ fn type_define(ty: GgmlType) -> Result<&'static str> {
 
 /// The pipeline key of a type and shape.
 pub fn key(ty: GgmlType, cfg: MatmulConfig) -> Result<PipelineKey> {
-    // Loops: over a row's items or units and over the team's reduction, bounded by the params.
+    // Loops: over a row's items or units and over the team's reduction, bounded by the params;
+    // trusted (docs/dispatch.md, "Trusted kernels").
     let mut k = PipelineKey::new(SHADER, ENTRY)
+        .trusted()
         .unbounded_loops()
         .define(type_define(ty)?, "")
         .workgroup_size(cfg.workgroup_size)
