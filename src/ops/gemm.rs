@@ -517,6 +517,13 @@ pub(super) fn prepare_tiled(
     }
     let ctx = rec.ctx;
     let kind = key.entry;
+    // The kernels step over K in u32 (`k0 += BK`): a row must end a step below its top.
+    if w.cols > (u32::MAX - 64) as u64 {
+        return Err(Error::invalid(format!(
+            "{kind} {}: {} values a row is beyond the tiled kernels' u32 index",
+            w.name, w.cols
+        )));
+    }
     let y_stride = io.y_stride.unwrap_or(w.rows);
     if y_stride < w.rows {
         return Err(Error::invalid(format!(
