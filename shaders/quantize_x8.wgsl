@@ -49,6 +49,17 @@ var<workgroup> red_a: array<f32, WG_SIZE>; // largest magnitude of a part of the
 var<workgroup> red_v: array<f32, WG_SIZE>; // the (first) value with it
 var<workgroup> sums: array<i32, WG_SIZE>;  // each invocation's sum of its 4 quants
 
+// x rounded to the nearest f16 (ties to even), as an f32, for x in f16's range: the mantissa's
+// low 13 bits rounded off, or below f16's normals (2^-14) to a multiple of 2^-24. Not
+// unpack2x16float(pack2x16float(x)): NVIDIA's Vulkan compiler folds that pair to x.
+fn f16_round(x: f32) -> f32 {
+    if abs(x) < 6.103515625e-5 {
+        return round(x * 16777216.0) / 16777216.0;
+    }
+    let u = bitcast<u32>(x);
+    return bitcast<f32>((u + 0xfffu + ((u >> 13u) & 1u)) & 0xffffe000u);
+}
+
 @compute @workgroup_size(WG_SIZE)
 fn quantize_x8(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -96,7 +107,7 @@ fn quantize_x8(
     let d = select(0.0, 1.0 / s, amax > 0.0);
 #else
     let s = select(0.0, 127.0 / amax, amax > 0.0);
-    let d = unpack2x16float(pack2x16float(vec2<f32>(amax / 127.0, 0.0))).x;
+    let d = f16_round(amax / 127.0);
 #endif
     let q = min(vec4<i32>(round(v * s)), vec4<i32>(127));
     sums[lid] = q.x + q.y + q.z + q.w;
