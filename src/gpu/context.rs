@@ -268,7 +268,12 @@ impl GpuContext {
                 ),
             device,
             queue,
-            pipelines: PipelineCache::default(),
+            // CPU adapters keep every kernel's guards (trusted kernels measured no faster on
+            // lavapipe); `CERA_CHECKED=1` natively keeps them everywhere.
+            pipelines: PipelineCache::new(
+                info.device_type == wgpu::DeviceType::Cpu
+                    || crate::gpu::knob::knob("CERA_CHECKED").is_some_and(|v| v.trim() == "1"),
+            ),
             errors,
             lost,
             counters: Counters::default(),

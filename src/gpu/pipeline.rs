@@ -51,18 +51,20 @@ impl PipelineKey {
         self
     }
 
-    /// Compile natively without naga's index clamping (each index `i` of a function or
-    /// workgroup array becomes `min(i, len - 1)`, and each integer division is guarded) and
-    /// without wgpu zeroing workgroup memory before the first instruction. Buffer accesses stay
-    /// bounded by the device's robust buffer access; the browser's compiler keeps all its checks
-    /// whatever the key says. Measured on an H100 (wgpu 30, Vulkan) with loop bounding also off:
+    /// Compile natively without any of naga's guards: no index clamping (each index `i` of a
+    /// function or workgroup array becomes `min(i, len - 1)`, and each integer division is
+    /// guarded), no loop bounding (as [`PipelineKey::unbounded_loops`]), and no zeroing of
+    /// workgroup memory before the first instruction. Buffer accesses stay bounded by the
+    /// device's robust buffer access; a browser compiles the WGSL with all its own checks
+    /// whatever the key says, and CPU adapters (lavapipe, SwiftShader), where it measured no
+    /// faster, keep the guards ([`PipelineCache::new`]). Measured on an H100 (wgpu 30, Vulkan):
     /// the cooperative GEMM of an 8B Q4_K prefill 120 -> 49 ms (1,960 -> 4,200 tok/s; bounding
-    /// off alone 3,080, trust alone 2,140: unbounded loops get unrolled, and a private array
-    /// indexed by an unrolled counter then stays in registers only without the clamps); the
-    /// Gemma 3 270M twin's prefill 30.8k -> 46.5k tok/s with the other GEMMs and attention so.
-    /// Only for kernels whose every array index is in range by construction (their tests run
-    /// them unclamped on lavapipe), which write workgroup memory before reading it and never
-    /// divide by zero. `CERA_CHECKED=1` natively compiles every kernel with all checks.
+    /// off alone 3,080, clamping off alone 2,140: unbounded loops get unrolled, and a private
+    /// array indexed by an unrolled counter then stays in registers only without the clamps);
+    /// the Gemma 3 270M twin's prefill 30.8k -> 46.5k tok/s with the other GEMMs and attention
+    /// so. Only for kernels whose every array index is in range by construction, whose loops
+    /// are bounded by their params or constants, which write workgroup memory before reading it
+    /// and never divide by zero (docs/dispatch.md, "Trusted kernels").
     pub fn trusted(mut self) -> Self {
         self.trusted = true;
         self
@@ -127,9 +129,20 @@ pub struct CachedPipeline {
 #[derive(Default)]
 pub struct PipelineCache {
     map: Mutex<HashMap<PipelineKey, Arc<CachedPipeline>>>,
+    /// Every kernel keeps naga's guards, trusted keys too.
+    guarded: bool,
 }
 
 impl PipelineCache {
+    /// A cache for a device; `guarded` keeps naga's guards in every kernel ([`PipelineKey::trusted`]
+    /// ignored): on CPU adapters, and natively with `CERA_CHECKED=1`.
+    pub fn new(guarded: bool) -> Self {
+        PipelineCache {
+            map: Mutex::default(),
+            guarded,
+        }
+    }
+
     pub fn get(&self, device: &wgpu::Device, key: &PipelineKey) -> Result<Arc<CachedPipeline>> {
         let mut map = self
             .map
@@ -144,23 +157,19 @@ impl PipelineCache {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(src.source.into()),
         };
-        // Bounds checks stay unless the key is trusted; loop bounding goes where the key asks
-        // (see `unbounded_loops`, `trusted`).
-        // SAFETY: a key asks only for a kernel whose loops are all bounded by its params or
-        // constants, the one condition `force_loop_bounding: false` puts on us, and `trusted`
-        // only for one whose indices are in range by construction (see `trusted`).
-        // `CERA_CHECKED=1` (a native knob) compiles every kernel with all of naga's checks.
-        let checked = super::knob::knob("CERA_CHECKED").is_some_and(|v| v.trim() == "1");
-        let trusted = key.trusted && !checked;
-        let unbounded = key.unbounded_loops && !checked;
-        let base = if trusted {
+        // Every guard stays unless the key is trusted (and the cache is not guarded); loop
+        // bounding also goes where the key asks (see `unbounded_loops`, `trusted`).
+        // SAFETY: a key asks for either only for a kernel whose loops are all bounded by its
+        // params or constants, the one condition `force_loop_bounding: false` puts on us, and
+        // `trusted` only for one whose indices are in range by construction (see `trusted`).
+        let trusted = key.trusted && !self.guarded;
+        let checks = if trusted {
             wgpu::ShaderRuntimeChecks::unchecked()
         } else {
-            wgpu::ShaderRuntimeChecks::checked()
-        };
-        let checks = wgpu::ShaderRuntimeChecks {
-            force_loop_bounding: !unbounded,
-            ..base
+            wgpu::ShaderRuntimeChecks {
+                force_loop_bounding: !key.unbounded_loops,
+                ..wgpu::ShaderRuntimeChecks::checked()
+            }
         };
         let module = unsafe { device.create_shader_module_trusted(desc, checks) };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

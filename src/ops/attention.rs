@@ -376,10 +376,9 @@ pub fn simple_iterations(p: &AttentionParams) -> u64 {
 /// The pipeline key of a fitted shape; `head_dim` sizes the tiled shape's arrays and the
 /// cooperative shape's loops (`HD2`).
 pub fn key(cfg: AttentionConfig, head_dim: u32) -> PipelineKey {
-    // Trusted, loops unbounded (docs/dispatch.md, "Trusted kernels").
+    // Trusted (docs/dispatch.md, "Trusted kernels").
     let k = PipelineKey::new(SHADER, ENTRY)
         .trusted()
-        .unbounded_loops()
         .workgroup_size(cfg.workgroup_size)
         .define("HD2_MAX", format!("{}u", MAX_HEAD_DIM / 2))
         .define("SCHUNK", format!("{SCHUNK}u"));

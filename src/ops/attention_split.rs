@@ -228,10 +228,9 @@ pub fn key_fresh(
     entry: &'static str,
     fresh: Option<(u32, bool)>,
 ) -> PipelineKey {
-    // Trusted, loops unbounded (docs/dispatch.md, "Trusted kernels").
+    // Trusted (docs/dispatch.md, "Trusted kernels").
     let mut k = PipelineKey::new(SHADER, entry)
         .trusted()
-        .unbounded_loops()
         .workgroup_size(cfg.workgroup_size)
         .define("CHUNK", format!("{}u", cfg.chunk))
         .define("TEAM", format!("{}u", cfg.team));

@@ -373,11 +373,10 @@ pub(super) fn type_define(ty: GgmlType) -> Result<&'static str> {
 
 /// The pipeline key of a type and tile.
 pub fn key(ty: GgmlType, cfg: GemmConfig) -> Result<PipelineKey> {
-    // Trusted, loops unbounded: indices in range by construction, loops bounded by the params
-    // (docs/dispatch.md, "Trusted kernels").
+    // Trusted: indices in range by construction, loops bounded by the params (docs/dispatch.md,
+    // "Trusted kernels").
     let mut k = PipelineKey::new(SHADER, ENTRY)
         .trusted()
-        .unbounded_loops()
         .define(type_define(ty)?, "")
         .workgroup_size(cfg.workgroup_size())
         .define("BM", format!("{}u", cfg.bm))

@@ -191,10 +191,9 @@ pub fn for_shape(ctx: &GpuContext, rows: u64, n_tokens: u32) -> CoopConfig {
 /// The pipeline key of a type and tile.
 pub fn key(ty: GgmlType, cfg: CoopConfig) -> Result<PipelineKey> {
     let (w_runs, x_runs) = cfg.runs_per_thread();
-    // Trusted, loops unbounded (docs/dispatch.md, "Trusted kernels").
+    // Trusted (docs/dispatch.md, "Trusted kernels").
     let k = PipelineKey::new(SHADER, ENTRY)
         .trusted()
-        .unbounded_loops()
         .define(gemm::type_define(ty)?, "")
         .workgroup_size(cfg.workgroup_size())
         .define("BM", format!("{}u", cfg.bm()))

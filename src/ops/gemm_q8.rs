@@ -164,10 +164,9 @@ fn check_shape(cfg: GemmConfig) -> Result<()> {
 /// The pipeline key of a type and tile.
 pub fn key(ty: GgmlType, cfg: GemmConfig) -> Result<PipelineKey> {
     let (ww, xw) = words_per_thread(cfg);
-    // Trusted, loops unbounded (docs/dispatch.md, "Trusted kernels").
+    // Trusted (docs/dispatch.md, "Trusted kernels").
     let mut k = PipelineKey::new(SHADER, ENTRY)
         .trusted()
-        .unbounded_loops()
         .define(type_define(ty)?, "")
         .workgroup_size(cfg.workgroup_size())
         .define("BM", format!("{}u", cfg.bm))
