@@ -117,27 +117,19 @@ fn decode8h(r: Raw, c: u32) -> W8 {
 }
 #endif
 
-fn put_w(i: u32, k0: u32, r: Raw) {
-    let m = i / (BK / 8u);
-    let kk = 8u * (i % (BK / 8u));
-    let v = decode8h(r, k0 + kk);
-    let lo = vec4<f16>(v.lo);
-    let hi = vec4<f16>(v.hi);
-    let s = m * LDA + kk;
-    wa[s] = lo.x;
-    wa[s + 1u] = lo.y;
-    wa[s + 2u] = lo.z;
-    wa[s + 3u] = lo.w;
-    wa[s + 4u] = hi.x;
-    wa[s + 5u] = hi.y;
-    wa[s + 6u] = hi.z;
-    wa[s + 7u] = hi.w;
+fn decode_run(r: Raw, c: u32) -> W8 {
+    return decode8h(r, c);
 }
 #else
+fn decode_run(r: Raw, c: u32) -> W8 {
+    return decode8(r, c);
+}
+#endif
+
 fn put_w(i: u32, k0: u32, r: Raw) {
     let m = i / (BK / 8u);
     let kk = 8u * (i % (BK / 8u));
-    let v = decode8(r, k0 + kk);
+    let v = decode_run(r, k0 + kk);
     let lo = vec4<f16>(v.lo);
     let hi = vec4<f16>(v.hi);
     let s = m * LDA + kk;
@@ -150,7 +142,6 @@ fn put_w(i: u32, k0: u32, r: Raw) {
     wa[s + 6u] = hi.z;
     wa[s + 7u] = hi.w;
 }
-#endif
 
 fn fetch_x(i: u32, t0: u32, k0: u32) -> vec4<f32> {
     let n = i / (BK / 4u);
