@@ -186,6 +186,13 @@ export interface GenerationStats {
   contextSize: number;
   /** CPU time of the constraint's token mask, ms per token (0 without a constraint). */
   maskMsPerToken: number;
+  /**
+   * GPU work per decoded token (the tokens after the first): compute dispatches, compute passes
+   * and queue submissions the engine recorded for them (0 when at most one token was generated).
+   */
+  dispatchesPerToken: number;
+  passesPerToken: number;
+  submitsPerToken: number;
   /** With `tools`: the calls in the answer (empty when it is plain text). */
   toolCalls?: ParsedToolCall[];
   /** With `tools`: the answer's text before its calls (all of it when there are none). */

@@ -221,6 +221,7 @@ async function main() {
   const dec = [];
   const generated = [];
   let promptTokens = 0;
+  let last = null;
   // One warm-up run (pipelines compile, buffers settle), then the timed ones: as `cera bench`.
   for (let run = 0; run <= args.runs; run++) {
     engine.reset();
@@ -233,6 +234,7 @@ async function main() {
         `decode ${st.decodeTokS.toFixed(1)} tok/s (${st.generatedTokens} tokens, ${st.finishReason})`,
     );
     if (run === 0) continue;
+    last = st;
     pre.push(st.prefillTokS);
     dec.push(st.decodeTokS);
     generated.push(st.generatedTokens);
@@ -256,6 +258,10 @@ async function main() {
     // Timed natively by dispatching the output head alone; the JS API has no such entry point.
     head_gemv_ms: null,
     head_share_of_decode: null,
+    // The engine's own counts over the last timed run's decode steps, as `cera bench` counts them.
+    dispatches_per_token: last.dispatchesPerToken,
+    passes_per_token: last.passesPerToken,
+    submits_per_token: last.submitsPerToken,
     runner: 'node-dawn',
     dawn_adapter: dawnAdapter,
     generated_tokens_runs: generated,

@@ -679,7 +679,7 @@ async fn chained_matches_step_by_step() {
         prompt.len() + 2,
         "steps run ahead of the stop were not rewound"
     );
-    chained
+    let chained_stats = chained
         .generate(&[], &opts(4), &mut |id, _| {
             got.extend(id);
             true
@@ -706,7 +706,7 @@ async fn chained_matches_step_by_step() {
         })
         .await
         .unwrap();
-    plain
+    let plain_stats = plain
         .generate(&[], &opts(4), &mut |id, _| {
             want.extend(id);
             true
@@ -714,6 +714,22 @@ async fn chained_matches_step_by_step() {
         .await
         .unwrap();
     tlog!("chained {got:?}, step by step {want:?}");
+    tlog!("per decoded token: chained {chained_stats:?}, step by step {plain_stats:?}");
+    // The GPU work a decoded token costs, as the stats count it: one compute pass and one
+    // submission a step either way, and the same forward's dispatches.
+    let work = |s: &cera_web::generate::session::GenerationStats| {
+        (
+            s.dispatches_per_token,
+            s.passes_per_token,
+            s.submits_per_token,
+        )
+    };
+    assert!(plain_stats.dispatches_per_token >= 1.0, "{plain_stats:?}");
+    assert_eq!(
+        (plain_stats.passes_per_token, plain_stats.submits_per_token),
+        (1.0, 1.0)
+    );
+    assert_eq!(work(&chained_stats), work(&plain_stats));
     assert_eq!(
         got, want,
         "chained greedy decoding differs from step-by-step"

@@ -74,6 +74,12 @@ pub struct GenerationStats {
     pub context_shifts: u32,
     /// CPU time computing constraint masks, milliseconds per token (0 without a constraint).
     pub mask_ms_per_token: f64,
+    /// GPU work of the decode steps (after the first token), per generated token: compute
+    /// dispatches, compute passes and queue submissions (0 when nothing was decoded). Steps a
+    /// chained run took past a stop count too: the GPU ran them.
+    pub dispatches_per_token: f64,
+    pub passes_per_token: f64,
+    pub submits_per_token: f64,
 }
 
 /// Options of one `generate` call.
@@ -655,6 +661,7 @@ impl Session {
         let mut detok = Detokenizer::new(&tok);
         let mut stop = StopScanner::new(&opts.stop);
         let mut t_first = None;
+        let mut c_first = self.ctx.counts();
         let mut input: Vec<u32> = prompt.to_vec();
         // Ids sampled ahead by a chained greedy run, not yet handed out.
         let mut ahead: std::collections::VecDeque<u32> = std::collections::VecDeque::new();
@@ -690,6 +697,7 @@ impl Session {
             };
             if t_first.is_none() {
                 t_first = Some(now_s());
+                c_first = self.ctx.counts();
             }
             let stop_reason = if self.tok.is_eog(id) {
                 Some("stop")
@@ -742,6 +750,12 @@ impl Session {
         } else {
             0.0
         };
+        if decoded > 0.0 {
+            let c = self.ctx.counts().since(&c_first);
+            stats.dispatches_per_token = c.dispatches as f64 / decoded;
+            stats.passes_per_token = c.passes as f64 / decoded;
+            stats.submits_per_token = c.submits as f64 / decoded;
+        }
         stats.finish_reason = finish.to_string();
         stats.context_shifts = self.shifts - shifts0;
         if sampler.masks > 0 {

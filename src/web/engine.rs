@@ -300,6 +300,10 @@ struct GenStats {
     context_size: u32,
     /// CPU time of the constraint's token masks, ms per token (0 without responseFormat/grammar).
     mask_ms_per_token: f64,
+    /// GPU work per decoded token (after the first): dispatches, compute passes, submissions.
+    dispatches_per_token: f64,
+    passes_per_token: f64,
+    submits_per_token: f64,
     /// With `tools`: the calls parsed from the answer (`finishReason` is then `'tool_calls'`).
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_calls: Option<Vec<ToolCall>>,
@@ -986,6 +990,9 @@ async fn generate(
         n_past: session.n_past(),
         context_size: session.options().n_ctx,
         mask_ms_per_token: stats.mask_ms_per_token,
+        dispatches_per_token: stats.dispatches_per_token,
+        passes_per_token: stats.passes_per_token,
+        submits_per_token: stats.submits_per_token,
         tool_calls,
         content,
     };

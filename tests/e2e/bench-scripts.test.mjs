@@ -127,6 +127,10 @@ test('bench:dawn on Dawn (SwiftShader): the JSON on stdout and in --out, whateve
   assert.equal(saved.prompt_tokens, 8);
   assert.deepEqual(saved.generated_tokens_runs, [2]);
   assert.ok(saved.prefill_tok_s > 0 && saved.decode_tok_s > 0, 'both speeds measured');
+  // The engine's counts, as `cera bench` reports them: one pass and one submission a token.
+  assert.ok(saved.dispatches_per_token >= 1, `dispatches_per_token ${saved.dispatches_per_token}`);
+  assert.equal(saved.passes_per_token, 1);
+  assert.equal(saved.submits_per_token, 1);
 });
 
 const native = (p, g, prefill, decode) => ({
