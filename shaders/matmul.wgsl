@@ -61,6 +61,8 @@
 //   pre-norm folded into the projection that reads them: one dispatch instead of two. Every
 //   workgroup repeats the norm over cols values (a few reads of L2-resident vectors); XW4 =
 //   cols / 4 sizes the workgroup array (cols a multiple of 4).
+//   PRENORM_ONE (with PRE_ADD_NORM, cols / 4 <= WG_SIZE): the same prologue with each
+//   invocation holding one vec4 of every input, loaded together before the first sum.
 //   GLU_WG (with X_GLU, NT = 1, cols a multiple of 4): every workgroup first computes its token's
 //   X = act(G) * U into workgroup memory (XW4 = cols / 4 vec4), instead of once per row. X_WG is
 //   set with GLU_WG, X_PRENORM and X_SPLIT: X is read from that workgroup array.
@@ -245,6 +247,36 @@ fn ld4(i4: u32) -> vec4<f32> {
     return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
 }
 
+#ifdef PRENORM_ONE
+// prenorm where X has at most WG_SIZE vec4s (PRE_ADD_NORM): invocation lid holds vec4 lid of x,
+// the addend and both norm weights, all loaded at once, so the post-norm's sum is not followed
+// by a second round of loads before the pre-norm's. The same arithmetic in the same order.
+fn prenorm(lid: u32, g: u32) {
+    let n4 = p.cols / 4u;
+    let n = f32(p.cols);
+    let live = lid < n4;
+    let i = 4u * min(lid, n4 - 1u);
+    let xv = vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+    let a0 = vec4<f32>(pre_add[i], pre_add[i + 1u], pre_add[i + 2u], pre_add[i + 3u]);
+    let wa = vec4<f32>(pre_w_add[i], pre_w_add[i + 1u], pre_w_add[i + 2u], pre_w_add[i + 3u]);
+    let wv = vec4<f32>(pre_w[i], pre_w[i + 1u], pre_w[i + 2u], pre_w[i + 3u]);
+    let z = vec4<f32>(0.0);
+    let a = select(z, a0, live);
+    let mul = p.pre_scale / sqrt(pre_sum(dot(a, a), lid) / n + p.pre_eps);
+    let v = select(z, xv + a * mul * wa, live);
+    if g == 0u && live {
+        pre_out[i] = v.x;
+        pre_out[i + 1u] = v.y;
+        pre_out[i + 2u] = v.z;
+        pre_out[i + 3u] = v.w;
+    }
+    let inv = 1.0 / sqrt(pre_sum(dot(v, v), lid) / n + p.pre_eps);
+    if live {
+        xw4[lid] = v * wv * inv;
+    }
+    workgroupBarrier();
+}
+#else
 // xw4 = X, as the X_PRENORM comment above says. Called by every invocation (it has barriers).
 fn prenorm(lid: u32, g: u32) {
     let n4 = p.cols / 4u;
@@ -293,6 +325,7 @@ fn prenorm(lid: u32, g: u32) {
     }
     workgroupBarrier();
 }
+#endif // PRENORM_ONE
 #endif
 #ifdef X_SPLIT
 alias VecN = vec4<f32>;
