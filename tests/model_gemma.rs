@@ -645,6 +645,12 @@ fn gemma3_context_shift_with_split_attention_matches_llama_cpp() {
 /// the steps run ahead, so the session holds exactly the tokens handed out and continues as
 /// the step-by-step session does.
 async fn chained_matches_step_by_step() {
+    // A context of its own natively: the stats count the context's GPU work, and the other
+    // tests of this file decode on the shared one at the same time (in Chrome they run one
+    // after another).
+    #[cfg(not(target_arch = "wasm32"))]
+    let Gemma { ctx, model, tok } = load_gemma(Arc::new(common::context().await), None).await;
+    #[cfg(target_arch = "wasm32")]
     let Gemma { ctx, model, tok } = gemma().await;
     let prompt = tok.encode("The capital of France is", true, false);
     let opts = |max_tokens| cera_web::generate::session::GenerateOptions {

@@ -76,7 +76,8 @@ pub struct GenerationStats {
     pub mask_ms_per_token: f64,
     /// GPU work of the decode steps (after the first token), per generated token: compute
     /// dispatches, compute passes and queue submissions (0 when nothing was decoded). Steps a
-    /// chained run took past a stop count too: the GPU ran them.
+    /// chained run took past a stop count too: the GPU ran them. Counted on the session's GPU
+    /// context: another session decoding on the same context at the same time adds its work.
     pub dispatches_per_token: f64,
     pub passes_per_token: f64,
     pub submits_per_token: f64,
