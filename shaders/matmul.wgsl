@@ -255,8 +255,9 @@ fn prenorm(lid: u32, g: u32) {
     let n4 = p.cols / 4u;
     let n = f32(p.cols);
     let live = lid < n4;
-    let i = 4u * min(lid, n4 - 1u);
-    let xv = vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+    let i4 = min(lid, n4 - 1u);
+    let i = 4u * i4;
+    let xv = ld4(i4);
     let a0 = vec4<f32>(pre_add[i], pre_add[i + 1u], pre_add[i + 2u], pre_add[i + 3u]);
     let wa = vec4<f32>(pre_w_add[i], pre_w_add[i + 1u], pre_w_add[i + 2u], pre_w_add[i + 3u]);
     let wv = vec4<f32>(pre_w[i], pre_w[i + 1u], pre_w[i + 2u], pre_w[i + 3u]);

@@ -272,7 +272,7 @@ impl GpuContext {
             // lavapipe); `CERA_CHECKED=1` natively keeps them everywhere.
             pipelines: PipelineCache::new(
                 info.device_type == wgpu::DeviceType::Cpu
-                    || crate::gpu::knob::knob("CERA_CHECKED").is_some_and(|v| v.trim() == "1"),
+                    || crate::gpu::knob::knob_on("CERA_CHECKED"),
             ),
             errors,
             lost,

@@ -27,6 +27,11 @@ pub fn knob_u64(name: &str) -> Option<u64> {
     }
 }
 
+/// Whether an on/off knob is set to `1` (on).
+pub fn knob_on(name: &str) -> bool {
+    knob(name).is_some_and(|v| v.trim() == "1")
+}
+
 /// Whether an on/off knob is set to `0` (off).
 pub fn knob_off(name: &str) -> bool {
     knob(name).is_some_and(|v| v.trim() == "0")

@@ -837,10 +837,10 @@ pub const XQ8_MIN_VALUES: u64 = 1 << 22;
 /// on every Q4_K, Q5_K and Q6_K GEMV of N values or more (a huge N: never); `CERA_XQ8_Q8=1`
 /// adds Q8_0 to that rule. Bench knobs, natively.
 fn xq8_wanted(ty: GgmlType, rows: u64, cols: u64) -> bool {
-    use crate::gpu::knob::{knob, knob_u64};
+    use crate::gpu::knob::{knob_on, knob_u64};
     let k_type = matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K);
     if let Some(min) = knob_u64("CERA_XQ8_MIN") {
-        let q8 = ty == GgmlType::Q8_0 && knob("CERA_XQ8_Q8").is_some_and(|v| v.trim() == "1");
+        let q8 = ty == GgmlType::Q8_0 && knob_on("CERA_XQ8_Q8");
         return (k_type || q8) && rows * cols >= min;
     }
     let head = k_type && rows >= 65536;
