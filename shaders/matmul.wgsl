@@ -22,16 +22,17 @@
 //   unrolls, so their loads are in flight together).
 //   W_VEC4 (with WORDS, Q8_0 / Q4_K / Q5_K): W is bound as vec4 and an item is 16 bytes, one
 //   load (quant_decls.tmpl); the host sets it only where every row starts on a 16-byte boundary.
-//   ROWS (with W_VEC4, SUBGROUP and NT = 1): a team takes NR rows, r, r + RPW, ... and reads
-//   each item's X once for all of them (quant_decls.tmpl `item_rows`); a workgroup covers
-//   RPW * NR rows. For large decode GEMVs, where reading X once per row bound the kernel.
+//   ROWS (with WORDS and NT = 1; with W_VEC4 for Q8_0 / Q4_K / Q5_K, on word items for the
+//   legacy Q4_0 / Q4_1 / Q5_0 / Q5_1): a team takes NR rows, r, r + RPW, ... and reads each
+//   item's X once for all of them (quant_decls.tmpl `item_rows`); a workgroup covers RPW * NR
+//   rows. For large decode GEMVs, where reading X once per row bound the kernel.
 //   KS (with ROWS): KS teams share a workgroup's rows, each taking every KS-th stride of their
 //   items (lane l of team q decodes items q * TPR + l, + TPR * KS, ...), and add their sums in
 //   workgroup memory; a workgroup covers RPW / KS * NR rows. For GEMVs with few rows and long
 //   ones (Llama 3 8B's 4096 x 14336 down projection ran 256 workgroups of 8 teams), where too
 //   few workgroups kept too few loads in flight to stream W at full speed.
-//   XQ8 (NT = 1; with ROWS for TYPE_Q8_0 / Q4_K / Q5_K, with WORDS for TYPE_Q6_K): X is
-//   quantized to 8 bits per block of 32 values into workgroup memory before the rows' loop
+//   XQ8 (NT = 1; with ROWS for TYPE_Q8_0 / Q4_K / Q5_K and the legacy types, with WORDS for
+//   TYPE_Q6_K): X is quantized to 8 bits per block of 32 values into workgroup memory before the rows' loop
 //   (xq8_prologue: d = max |x| / 127, q = round(x / d), and each half block's exact sum for the
 //   K-quants' mins), and the items multiply their quant bytes with X's through dot4I8Packed:
 //   four products and their sum in one integer instruction, where the float path spends a

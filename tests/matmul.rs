@@ -905,9 +905,11 @@ gpu_test!(matmul_norm_link_q4_k, check_norm_link(GgmlType::Q4K));
 gpu_test!(matmul_norm_link_q6_k, check_norm_link(GgmlType::Q6K));
 
 /// The integer part of a weight for the 8-bit X references: Q4_K / Q5_K blocks with dmin (bytes
-/// 2..4) zeroed, dequantized; Q8_0 and Q6_K have no mins (`wf`, the whole weight, as it is).
+/// 2..4) zeroed, Q4_1 / Q5_1 blocks with m (bytes 2..4 too) zeroed, dequantized; Q8_0, Q6_K,
+/// Q4_0 and Q5_0 have no mins (`wf`, the whole weight, as it is).
 fn int_part(ty: GgmlType, bytes: &[u8], wf: &[f32]) -> Vec<f32> {
-    if matches!(ty, GgmlType::Q8_0 | GgmlType::Q6K) {
+    use GgmlType::*;
+    if matches!(ty, Q8_0 | Q6K | Q4_0 | Q5_0) {
         return wf.to_vec();
     }
     let mut b = bytes.to_vec();
@@ -939,7 +941,7 @@ const XQ8_TEAMS: [MatmulConfig; 4] = [
     MatmulConfig::CPU_TEAMS,
 ];
 
-/// X quantized to 8 bits per block of 32 (`x_q8`, the integer-dot items of Q8_0, Q4_K, Q5_K
+/// X quantized to 8 bits per block of 32 (`x_q8`, the integer-dot items of Q8_0, Q4_K, Q5_K, the legacy types
 /// and Q6_K): every team shape that can take it (Q6_K takes one row a team), X from memory as
 /// scalars and as vec4, against a reference that quantizes X the same way: `d = max |x| /
 /// 127`, `q = round(x / d)`. The K-quants' mins multiply the exact sums of X, so the reference
@@ -1037,6 +1039,11 @@ gpu_test!(matmul_xq8_q8_0, check_xq8(GgmlType::Q8_0));
 gpu_test!(matmul_xq8_q4_k, check_xq8(GgmlType::Q4K));
 gpu_test!(matmul_xq8_q5_k, check_xq8(GgmlType::Q5K));
 gpu_test!(matmul_xq8_q6_k, check_xq8(GgmlType::Q6K));
+// The legacy types' word items in row teams (no 16-byte items).
+gpu_test!(matmul_xq8_q4_0, check_xq8(GgmlType::Q4_0));
+gpu_test!(matmul_xq8_q4_1, check_xq8(GgmlType::Q4_1));
+gpu_test!(matmul_xq8_q5_0, check_xq8(GgmlType::Q5_0));
+gpu_test!(matmul_xq8_q5_1, check_xq8(GgmlType::Q5_1));
 
 /// X quantized to 8 bits from every source a decode GEMV reads X from: memory (scalars and
 /// vec4), a gated unit (fused gate|up halves, computed once per workgroup), and a prologue's
@@ -1318,11 +1325,11 @@ async fn check_q8_x(ty: GgmlType) {
         );
     }
     // A type without 8-bit items.
-    let bytes = synthetic_rows(GgmlType::Q4_0, 256, 8, 5);
+    let bytes = synthetic_rows(GgmlType::F16, 256, 8, 5);
     let w = upload_tensor(
         &ctx,
         "w",
-        GgmlType::Q4_0,
+        GgmlType::F16,
         256,
         8,
         &bytes,
@@ -1342,3 +1349,4 @@ async fn check_q8_x(ty: GgmlType) {
 gpu_test!(matmul_q8_x_q8_0, check_q8_x(GgmlType::Q8_0));
 gpu_test!(matmul_q8_x_q4_k, check_q8_x(GgmlType::Q4K));
 gpu_test!(matmul_q8_x_q6_k, check_q8_x(GgmlType::Q6K));
+gpu_test!(matmul_q8_x_q5_1, check_q8_x(GgmlType::Q5_1));

@@ -280,7 +280,12 @@ impl MatmulConfig {
             return Self::cpu_gemv(ctx, ty, cols);
         }
         let wg = ctx.limits.workgroup_size(256);
-        if let Some(items) = w_vec4_items(ty, cols) {
+        // The legacy types' word items take the same row teams from XQ8_MIN_VALUES up (below, the
+        // small latency-bound shapes keep one row a team): measured on an H100, docs/dispatch.md.
+        let big = rows * cols >= XQ8_MIN_VALUES;
+        let row_items = w_vec4_items(ty, cols)
+            .or_else(|| (word_rows_type(ty) && big).then(|| items_per_row(ty, cols)));
+        if let Some(items) = row_items {
             let lanes =
                 |per_lane: u64| (items / per_lane).max(1).next_power_of_two().clamp(8, 32) as u32;
             let q8 = ty == GgmlType::Q8_0;
@@ -289,7 +294,7 @@ impl MatmulConfig {
             // row teams on 8-bit X: gate+up 82.2 -> 49-54, gate/up 42.9 -> 27-33, q/o 14.6 ->
             // 11.8, k/v 8.1 -> 7.0); below it keeps one row a team (not swept).
             let swept =
-                q8 || ty == GgmlType::Q4K || (ty == GgmlType::Q5K && rows * cols >= XQ8_MIN_VALUES);
+                q8 || ty == GgmlType::Q4K || (ty == GgmlType::Q5K && big) || word_rows_type(ty);
             let (tpr, nr) = if rows >= 65536 || (q8 && rows >= 16384) {
                 (lanes(8), 4)
             } else if swept && rows >= 2048 {
@@ -428,7 +433,7 @@ impl MatmulConfig {
     /// type ([`w_vec4_items`]).
     pub fn for_w(mut self, ty: GgmlType, cols: u64) -> Self {
         self.w_vec4 = self.interleaved && w_vec4_items(ty, cols).is_some();
-        if !self.w_vec4 {
+        if !self.w_vec4 && !word_rows_type(ty) {
             self.rows_per_team = 1;
             self.k_split = 1;
         }
@@ -443,9 +448,8 @@ impl MatmulConfig {
     /// Whether this shape runs the `ROWS` kernel (several rows a team, or teams sharing rows).
     fn rows_kernel(&self, ty: GgmlType) -> bool {
         (self.rows_per_team > 1 || self.k_split > 1)
-            && self.w_vec4
             && self.interleaved
-            && w_vec4_type(ty)
+            && ((self.w_vec4 && w_vec4_type(ty)) || word_rows_type(ty))
     }
 }
 
@@ -522,6 +526,13 @@ impl std::str::FromStr for MatmulConfig {
 /// Whether `ty` has 16-byte items at all (for some shapes).
 fn w_vec4_type(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q5K)
+}
+
+/// The legacy types, whose row teams (`ROWS`) take word items: their blocks (18 to 24 bytes)
+/// leave rows off 16-byte boundaries, so they have no 16-byte items (`quant_decls.tmpl`).
+fn word_rows_type(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q5_1)
 }
 
 /// Items per row of the interleaved kernel with 16-byte items (`W_VEC4` in `quant_decls.tmpl`),
@@ -845,7 +856,8 @@ fn xq8_wanted(ty: GgmlType, rows: u64, cols: u64) -> bool {
     }
     let head = k_type && rows >= 65536;
     let big = rows * cols >= XQ8_MIN_VALUES;
-    let rows_kind = matches!(ty, GgmlType::Q4K | GgmlType::Q5K) && big && cols <= 4096;
+    let rows_kind =
+        (matches!(ty, GgmlType::Q4K | GgmlType::Q5K) || word_rows_type(ty)) && big && cols <= 4096;
     head || rows_kind
 }
 
@@ -854,7 +866,7 @@ fn xq8_type(ty: GgmlType) -> bool {
     matches!(
         ty,
         GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K
-    )
+    ) || word_rows_type(ty)
 }
 
 /// Whether shape `cfg` (fitted, for the weight) has `XQ8` items for `ty`: the row teams of the
@@ -862,6 +874,7 @@ fn xq8_type(ty: GgmlType) -> bool {
 fn xq8_kernel(cfg: MatmulConfig, ty: GgmlType) -> bool {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q5K => cfg.rows_kernel(ty),
+        ty if word_rows_type(ty) => cfg.rows_kernel(ty),
         GgmlType::Q6K => cfg.interleaved && cfg.threads_per_row > 1,
         _ => false,
     }
