@@ -942,7 +942,7 @@ const XQ8_TEAMS: [MatmulConfig; 4] = [
 ];
 
 /// X quantized to 8 bits per block of 32 (`x_q8`, the integer-dot items of Q8_0, Q4_K, Q5_K, the legacy types
-/// and Q6_K): every team shape that can take it (Q6_K takes one row a team), X from memory as
+/// and Q6_K): every team shape that can take it, X from memory as
 /// scalars and as vec4, against a reference that quantizes X the same way: `d = max |x| /
 /// 127`, `q = round(x / d)`. The K-quants' mins multiply the exact sums of X, so the reference
 /// splits W into its integer part

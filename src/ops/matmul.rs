@@ -280,11 +280,14 @@ impl MatmulConfig {
             return Self::cpu_gemv(ctx, ty, cols);
         }
         let wg = ctx.limits.workgroup_size(256);
-        // The legacy types' word items take the same row teams from XQ8_MIN_VALUES up (below, the
-        // small latency-bound shapes keep one row a team): measured on an H100, docs/dispatch.md.
+        // The legacy types' word items and Q6_K's units take the same row teams from
+        // XQ8_MIN_VALUES up (below, the small latency-bound shapes keep one row a team):
+        // measured on an H100, docs/dispatch.md.
         let big = rows * cols >= XQ8_MIN_VALUES;
-        let row_items = w_vec4_items(ty, cols)
-            .or_else(|| (word_rows_type(ty) && big).then(|| items_per_row(ty, cols)));
+        let row_items = w_vec4_items(ty, cols).or_else(|| {
+            let on = item_rows_type(ty) && big && !crate::gpu::knob::knob_off("CERA_ITEM_ROWS");
+            on.then(|| items_per_row(ty, cols))
+        });
         if let Some(items) = row_items {
             let lanes =
                 |per_lane: u64| (items / per_lane).max(1).next_power_of_two().clamp(8, 32) as u32;
@@ -294,7 +297,7 @@ impl MatmulConfig {
             // row teams on 8-bit X: gate+up 82.2 -> 49-54, gate/up 42.9 -> 27-33, q/o 14.6 ->
             // 11.8, k/v 8.1 -> 7.0); below it keeps one row a team (not swept).
             let swept =
-                q8 || ty == GgmlType::Q4K || (ty == GgmlType::Q5K && big) || word_rows_type(ty);
+                q8 || ty == GgmlType::Q4K || (ty == GgmlType::Q5K && big) || item_rows_type(ty);
             let (tpr, nr) = if rows >= 65536 || (q8 && rows >= 16384) {
                 (lanes(8), 4)
             } else if swept && rows >= 2048 {
@@ -433,7 +436,7 @@ impl MatmulConfig {
     /// type ([`w_vec4_items`]).
     pub fn for_w(mut self, ty: GgmlType, cols: u64) -> Self {
         self.w_vec4 = self.interleaved && w_vec4_items(ty, cols).is_some();
-        if !self.w_vec4 && !word_rows_type(ty) {
+        if !self.w_vec4 && !item_rows_type(ty) {
             self.rows_per_team = 1;
             self.k_split = 1;
         }
@@ -449,7 +452,7 @@ impl MatmulConfig {
     fn rows_kernel(&self, ty: GgmlType) -> bool {
         (self.rows_per_team > 1 || self.k_split > 1)
             && self.interleaved
-            && ((self.w_vec4 && w_vec4_type(ty)) || word_rows_type(ty))
+            && ((self.w_vec4 && w_vec4_type(ty)) || item_rows_type(ty))
     }
 }
 
@@ -533,6 +536,12 @@ fn w_vec4_type(ty: GgmlType) -> bool {
 fn word_rows_type(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q5_1)
+}
+
+/// The types whose row teams take the interleaved kernel's own items (the legacy types' words,
+/// Q6_K's 16-value units; its 212-byte blocks are not 16-byte aligned either).
+fn item_rows_type(ty: GgmlType) -> bool {
+    word_rows_type(ty) || ty == GgmlType::Q6K
 }
 
 /// Items per row of the interleaved kernel with 16-byte items (`W_VEC4` in `quant_decls.tmpl`),
