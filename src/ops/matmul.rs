@@ -865,11 +865,9 @@ fn xq8_wanted(ty: GgmlType, rows: u64, cols: u64) -> bool {
     }
     let head = k_type && rows >= 65536;
     let big = rows * cols >= XQ8_MIN_VALUES;
-    let rows_kind = matches!(ty, GgmlType::Q4K | GgmlType::Q5K) && big && cols <= 4096;
-    // The item row teams (legacy types, Q6_K) at any width: their float items were slower
-    // still than a per-workgroup quantization of a 14336-value X (H100 sweep, docs/dispatch.md).
-    let item_rows = item_rows_type(ty) && big && !crate::gpu::knob::knob_off("CERA_ITEM_ROWS");
-    head || rows_kind || item_rows
+    let rows_kind =
+        (matches!(ty, GgmlType::Q4K | GgmlType::Q5K) || word_rows_type(ty)) && big && cols <= 4096;
+    head || rows_kind
 }
 
 /// The types whose items can multiply with X quantized to 8 bits (`XQ8`).
@@ -1620,7 +1618,6 @@ pub fn q8_glu_wanted(ctx: &GpuContext, w: &GpuTensor) -> bool {
     let knob = knob.as_deref().map(str::trim);
     let ty_ok = match w.ty {
         GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => knob != Some("0"),
-        ty if word_rows_type(ty) => knob != Some("0"),
         GgmlType::Q8_0 => knob == Some("1"),
         _ => false,
     };
