@@ -852,8 +852,8 @@ pub const XQ8_MIN_VALUES: u64 = 1 << 22;
 ///   but not end to end on a Q4_K_M-mix 8B file (decode 200.7 -> 190.9 tok/s: its down
 ///   projections, reading the 8-bit unit from memory, 40.8 -> 61.1 us), so Q6_K keeps its shape.
 ///
-/// So: Q4_K and Q5_K GEMVs of [`XQ8_MIN_VALUES`] values or more with rows of at most 4096
-/// values, and Q4_K, Q5_K and Q6_K output heads (65536 rows or more). `CERA_XQ8_MIN=N` instead asks for it
+/// So: Q4_K, Q5_K and the legacy types' GEMVs (their item row teams) of [`XQ8_MIN_VALUES`]
+/// values or more with rows of at most 4096 values, and Q4_K, Q5_K and Q6_K output heads (65536 rows or more). `CERA_XQ8_MIN=N` instead asks for it
 /// on every Q4_K, Q5_K and Q6_K GEMV of N values or more (a huge N: never); `CERA_XQ8_Q8=1`
 /// adds Q8_0 to that rule. Bench knobs, natively.
 fn xq8_wanted(ty: GgmlType, rows: u64, cols: u64) -> bool {
