@@ -166,13 +166,14 @@ pub struct MatmulConfig {
     /// [`MatmulConfig::for_w`], never by hand.
     pub w_vec4: bool,
     /// Rows per team (`ROWS`, `NR`): each item's X is read once for this many rows. Only with
-    /// 16-byte items and one token per invocation (the team's sums go through subgroup shuffles,
+    /// 16-byte items or the item row teams' types (`item_rows_type`) and one token per
+    /// invocation (the team's sums go through subgroup shuffles,
     /// or workgroup memory without subgroups); [`MatmulConfig::fit`] and
     /// [`MatmulConfig::for_w`] set it back to 1 elsewhere.
     pub rows_per_team: u32,
     /// Teams that share a workgroup's rows (`KS`), each taking every KS-th stride of the rows'
     /// items, their sums added in workgroup memory: more workgroups for a GEMV of few, long
-    /// rows. Only where `ROWS` can run (16-byte items, one token an invocation);
+    /// rows. Only where `ROWS` can run (as `rows_per_team`);
     /// [`MatmulConfig::fit`] and [`MatmulConfig::for_w`] set it back to 1 elsewhere.
     pub k_split: u32,
     /// A GEMV whose X is a gated unit (`X_GLU`) computes it once per workgroup into workgroup
@@ -182,8 +183,8 @@ pub struct MatmulConfig {
     /// independent, so this many are in flight per lane).
     pub unroll: u32,
     /// Quantize X to 8 bits per block of 32 in workgroup memory and multiply with integer dot
-    /// products (`XQ8`): only in the `ROWS` kernel of Q8_0, Q4_K and Q5_K and the interleaved
-    /// one of Q6_K, one token, `cols` a multiple of 32, where the workgroup memory holds it
+    /// products (`XQ8`): only in the `ROWS` kernel of Q8_0, Q4_K, Q5_K, the legacy types and
+    /// Q6_K and the interleaved one of Q6_K, one token, `cols` a multiple of 32, where the workgroup memory holds it
     /// ([`xq8_fits`]); ignored elsewhere.
     pub x_q8: bool,
 }
@@ -853,8 +854,8 @@ pub const XQ8_MIN_VALUES: u64 = 1 << 22;
 ///   projections, reading the 8-bit unit from memory, 40.8 -> 61.1 us), so Q6_K keeps its shape.
 ///
 /// So: Q4_K, Q5_K and the legacy types' GEMVs (their item row teams) of [`XQ8_MIN_VALUES`]
-/// values or more with rows of at most 4096 values, and Q4_K, Q5_K and Q6_K output heads (65536 rows or more). `CERA_XQ8_MIN=N` instead asks for it
-/// on every Q4_K, Q5_K and Q6_K GEMV of N values or more (a huge N: never); `CERA_XQ8_Q8=1`
+/// values or more with rows of at most 4096 values, and Q4_K, Q5_K and Q6_K output heads
+/// (65536 rows or more). `CERA_XQ8_MIN=N` instead asks for it on every Q4_K, Q5_K and Q6_K GEMV of N values or more (a huge N: never); `CERA_XQ8_Q8=1`
 /// adds Q8_0 to that rule. Bench knobs, natively.
 fn xq8_wanted(ty: GgmlType, rows: u64, cols: u64) -> bool {
     use crate::gpu::knob::{knob_on, knob_u64};
@@ -1235,7 +1236,7 @@ fn ks_bytes(cfg: MatmulConfig) -> u64 {
 }
 
 /// Whether a GEMV of `ty` with `cols` values a row may quantize its X (`XQ8`, asked for by
-/// `cfg.x_q8`): a type with integer-dot items (Q8_0, Q4_K, Q5_K, Q6_K), `cols` a multiple of
+/// `cfg.x_q8`): a type with integer-dot items (Q8_0, Q4_K, Q5_K, Q6_K, the legacy types), `cols` a multiple of
 /// 32, and the quantized X (a byte a value and 16 bytes a block) within the workgroup storage
 /// beside what the kernel holds already (X as f32 where a prologue computes it, `x_wg`; the
 /// teams' and a norm's sums, `wg_sum`).
