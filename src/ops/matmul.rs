@@ -880,11 +880,16 @@ fn xq8_type(ty: GgmlType) -> bool {
 }
 
 /// Whether shape `cfg` (fitted, for the weight) has `XQ8` items for `ty`: the row teams of the
-/// 16-byte-item types, the interleaved word items of Q6_K.
+/// 16-byte-item types and of the legacy types (word items), the interleaved items of Q6_K.
 fn xq8_kernel(cfg: MatmulConfig, ty: GgmlType) -> bool {
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4K | GgmlType::Q5K => cfg.rows_kernel(ty),
-        ty if word_rows_type(ty) => cfg.rows_kernel(ty),
+        GgmlType::Q8_0
+        | GgmlType::Q4K
+        | GgmlType::Q5K
+        | GgmlType::Q4_0
+        | GgmlType::Q4_1
+        | GgmlType::Q5_0
+        | GgmlType::Q5_1 => cfg.rows_kernel(ty),
         GgmlType::Q6K => cfg.interleaved && cfg.threads_per_row > 1,
         _ => false,
     }
