@@ -1349,4 +1349,6 @@ async fn check_q8_x(ty: GgmlType) {
 gpu_test!(matmul_q8_x_q8_0, check_q8_x(GgmlType::Q8_0));
 gpu_test!(matmul_q8_x_q4_k, check_q8_x(GgmlType::Q4K));
 gpu_test!(matmul_q8_x_q6_k, check_q8_x(GgmlType::Q6K));
+gpu_test!(matmul_q8_x_q4_0, check_q8_x(GgmlType::Q4_0));
+gpu_test!(matmul_q8_x_q5_0, check_q8_x(GgmlType::Q5_0));
 gpu_test!(matmul_q8_x_q5_1, check_q8_x(GgmlType::Q5_1));

@@ -320,10 +320,13 @@ impl MatmulConfig {
             {
                 ks *= 2;
             }
+            // The item row teams (legacy types, Q6_K) on 8-bit X at any width: measured on an
+            // H100 (docs/dispatch.md, "Item row teams"); their one-row teams keep the rule below.
+            let item_teams = item_rows_type(ty) && nr > 1;
             return Self {
                 rows_per_team: nr,
                 k_split: ks as u32,
-                x_q8: xq8_wanted(ty, rows, cols),
+                x_q8: xq8_wanted(ty, rows, cols) || item_teams,
                 ..Self::team(wg, tpr, 1)
             }
             .fit(ctx);
@@ -853,9 +856,10 @@ pub const XQ8_MIN_VALUES: u64 = 1 << 22;
 ///   but not end to end on a Q4_K_M-mix 8B file (decode 200.7 -> 190.9 tok/s: its down
 ///   projections, reading the 8-bit unit from memory, 40.8 -> 61.1 us), so Q6_K keeps its shape.
 ///
-/// So: Q4_K, Q5_K and the legacy types' GEMVs (their item row teams) of [`XQ8_MIN_VALUES`]
-/// values or more with rows of at most 4096 values, and Q4_K, Q5_K and Q6_K output heads
-/// (65536 rows or more). `CERA_XQ8_MIN=N` instead asks for it on every Q4_K, Q5_K and Q6_K GEMV of N values or more (a huge N: never); `CERA_XQ8_Q8=1`
+/// So: Q4_K, Q5_K and the legacy types' GEMVs of [`XQ8_MIN_VALUES`] values or more with rows
+/// of at most 4096 values, and Q4_K, Q5_K and Q6_K output heads (65536 rows or more). Besides
+/// this rule, [`MatmulConfig::gemv_for`] gives 8-bit X to every item row team of several rows
+/// (legacy types, Q6_K) whatever its width: a later kernel, measured faster there. `CERA_XQ8_MIN=N` instead asks for it on every Q4_K, Q5_K and Q6_K GEMV of N values or more (a huge N: never); `CERA_XQ8_Q8=1`
 /// adds Q8_0 to that rule. Bench knobs, natively.
 fn xq8_wanted(ty: GgmlType, rows: u64, cols: u64) -> bool {
     use crate::gpu::knob::{knob_on, knob_u64};
@@ -1614,9 +1618,11 @@ pub fn q8_x_fits(ctx: &GpuContext, cfg: MatmulConfig, w: &GpuTensor) -> bool {
 
 /// Whether the engine's decode GEMV of `w` reads a gated unit that a dispatch of its own
 /// computes quantized to 8 bits ([`crate::ops::glu::prepare_q8`], then [`prepare_q8_x`]) rather
-/// than as f32: K-quant weights where the engine's GEMV shape has 8-bit items ([`q8_x_fits`]).
-/// Measured on an H100, Llama 3 8B's 4096 x 14336 down projection: Q4_K 45.3 -> 35.9 us, Q8_0
-/// 36.9 -> 36.6 (its items are one load and an FMA a value already), so Q8_0 keeps f32 X.
+/// than as f32: K-quant and legacy-type weights where the engine's GEMV shape has 8-bit items
+/// ([`q8_x_fits`]). Measured on an H100, Llama 3 8B's 4096 x 14336 down projection: Q4_K 45.3
+/// -> 35.9 us, Q8_0 36.9 -> 36.6 (its items are one load and an FMA a value already), so Q8_0
+/// keeps f32 X. With the legacy types' row teams on 8-bit X at any width, an 8B-shaped file of
+/// Q4_0 matrices decodes at 289.9 tok/s instead of 278.7 (alternating runs, one call).
 /// (Only GPUs get here: the CPU adapters' GEMVs compute the unit themselves.)
 /// `CERA_XQ8_GLU=0` turns it off natively, `=1` adds Q8_0 (bench knobs).
 pub fn q8_glu_wanted(ctx: &GpuContext, w: &GpuTensor) -> bool {
@@ -1624,6 +1630,7 @@ pub fn q8_glu_wanted(ctx: &GpuContext, w: &GpuTensor) -> bool {
     let knob = knob.as_deref().map(str::trim);
     let ty_ok = match w.ty {
         GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => knob != Some("0"),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => knob != Some("0"),
         GgmlType::Q8_0 => knob == Some("1"),
         _ => false,
     };
