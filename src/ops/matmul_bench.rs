@@ -83,6 +83,21 @@ pub struct BenchOptions {
     pub max_iters: u32,
     /// The norm epilogue each GEMV runs with (`matmul::Epilogue`), to time what it adds.
     pub epilogue: BenchEpilogue,
+    /// Where the GEMV's X comes from.
+    pub x: BenchX,
+}
+
+/// The X a benchmarked GEMV reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchX {
+    /// f32 X from memory (quantized by each workgroup where the shape has `XQ8`).
+    F32,
+    /// X quantized to 8 bits once, before the timed run, read from memory by every GEMV
+    /// (`matmul::prepare_q8_x`): the GEMV without its workgroups' quantization.
+    Q8Mem,
+    /// As `Q8Mem`, with a quantizing dispatch (`glu::prepare_q8`) before every GEMV: what a
+    /// step pays to quantize each GEMV's X once.
+    Q8Quantize,
 }
 
 /// Which norm epilogue a benchmarked GEMV carries.
@@ -113,6 +128,7 @@ impl BenchOptions {
             target_secs: 0.2,
             max_iters: 2000,
             epilogue: BenchEpilogue::None,
+            x: BenchX::F32,
         }
     }
 
@@ -466,12 +482,58 @@ async fn bench_one(
     )?;
     let h = ctx.empty_storage("bench h", shape.rows * 4)?;
     let ss = ctx.storage_buffer("bench sums", bytemuck::cast_slice(&ones));
-    let config = match opts.epilogue {
-        BenchEpilogue::None => {
+    // 8-bit X from memory: `glu::prepare_q8` of gate = up = 1 (silu(1) = 0.73) and the bench X
+    // (the values do not matter for the timing).
+    let q8 = if opts.x == BenchX::F32 {
+        None
+    } else {
+        use super::elementwise::View;
+        use super::glu::{self, Activation};
+        if opts.epilogue != BenchEpilogue::None || !matmul::q8_x_fits(ctx, cfg, &w) {
+            return Err(Error::invalid(format!(
+                "bench-gemv: {ty} {} in {cfg} cannot read 8-bit X from memory (or with an epilogue)",
+                shape.name
+            )));
+        }
+        let xq = ctx.empty_storage("bench x q8", glu::q8_bytes(1, shape.cols))?;
+        let gate = View::rows(&x, 0, shape.cols);
+        let mut pre = crate::gpu::Recorder::new(ctx);
+        glu::prepare_q8(
+            &mut pre,
+            Activation::Silu,
+            gate,
+            gate,
+            &xq,
+            1,
+            shape.cols as u32,
+        )?;
+        let pre = pre.finish();
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        pre.encode(ctx, &mut enc);
+        ctx.queue.submit([enc.finish()]);
+        Some(xq)
+    };
+    let config = match (opts.epilogue, &q8) {
+        (_, Some(xq)) => {
+            if opts.x == BenchX::Q8Quantize {
+                use super::elementwise::View;
+                let gate = View::rows(&x, 0, shape.cols);
+                let act = super::glu::Activation::Silu;
+                super::glu::prepare_q8(&mut rec, act, gate, gate, xq, 1, shape.cols as u32)?;
+            }
+            matmul::prepare_q8_x(&mut rec, cfg, &w, xq, &y, 0, None)?;
+            let what = if opts.x == BenchX::Q8Quantize {
+                "quantized"
+            } else {
+                "mem"
+            };
+            format!("{cfg} +x8 {what}")
+        }
+        (BenchEpilogue::None, None) => {
             matmul::prepare(&mut rec, cfg, &w, &x, 0, &y, 0, 1)?;
             cfg.to_string()
         }
-        BenchEpilogue::ResNorm => {
+        (BenchEpilogue::ResNorm, None) => {
             let epi = matmul::Epilogue::ResNorm(matmul::ResNorm {
                 w: &norm_w,
                 h: &h,
@@ -481,7 +543,7 @@ async fn bench_one(
             matmul::prepare_epilogue(&mut rec, cfg, &w, &x, 0, None, &y, 0, &epi)?;
             format!("{cfg} +resnorm")
         }
-        BenchEpilogue::NormScale => {
+        (BenchEpilogue::NormScale, None) => {
             let epi = matmul::Epilogue::NormScale(matmul::NormScale {
                 ss: &ss,
                 count: BENCH_NORM_SUMS,

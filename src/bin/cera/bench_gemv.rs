@@ -1,17 +1,19 @@
 //! `cera bench-gemv`: the GEMV bandwidth table of [`cera_web::ops::matmul_bench`].
 //!
 //! `cera bench-gemv [--quick] [--json] [--types q8_0,q4_K] [--shapes gemma|llama|all]
-//! [--configs "wg256 tpr32 nt1;wg64 tpr1 nt1"] [--secs 0.2] [--epilogue resnorm|normscale]`
+//! [--configs "wg256 tpr32 nt1;wg64 tpr1 nt1"] [--secs 0.2] [--epilogue resnorm|normscale]
+//! [--x f32|q8mem|q8quantize]`
 
 use cera_web::gguf::GgmlType;
 use cera_web::gpu::GpuContext;
 use cera_web::ops::matmul::{self, MatmulConfig};
-use cera_web::ops::matmul_bench::{self, BenchEpilogue, BenchOptions, BenchRow};
+use cera_web::ops::matmul_bench::{self, BenchEpilogue, BenchOptions, BenchRow, BenchX};
 use cera_web::{Error, Result};
 
 pub const USAGE: &str =
     "cera bench-gemv [--quick] [--json] [--types q8_0,q4_K,...] [--shapes gemma|llama|all] \
-                         [--configs \"wg256 tpr32 nt1;...\"] [--secs S] [--epilogue resnorm|normscale]";
+                         [--configs \"wg256 tpr32 nt1;...\"] [--secs S] [--epilogue resnorm|normscale] \
+                         [--x f32|q8mem|q8quantize]";
 
 fn parse(args: &[String]) -> Result<(BenchOptions, bool)> {
     let quick = args.iter().any(|a| a == "--quick");
@@ -80,6 +82,18 @@ fn parse(args: &[String]) -> Result<(BenchOptions, bool)> {
                     other => {
                         return Err(Error::invalid(format!(
                             "--epilogue {other}: want none, resnorm or normscale"
+                        )))
+                    }
+                }
+            }
+            "--x" => {
+                opts.x = match value()?.as_str() {
+                    "f32" => BenchX::F32,
+                    "q8mem" => BenchX::Q8Mem,
+                    "q8quantize" => BenchX::Q8Quantize,
+                    other => {
+                        return Err(Error::invalid(format!(
+                            "--x {other}: want f32, q8mem or q8quantize"
                         )))
                     }
                 }
