@@ -26,6 +26,13 @@ const CHUNK: u32 = WG_SIZE * ITEMS;
 @group(0) @binding(1) var<storage, read> src: array<vec2<u32>>;  // (n) (f32 bits, index) of the previous stage
 #endif
 @group(0) @binding(2) var<storage, read_write> dst: array<vec2<u32>>; // (ceil(n / CHUNK)) (f32 bits, index)
+#ifdef ADVANCE
+// The last stage of a chained greedy decode (src/generate/session.rs, decode_chained): the
+// winner is the next step's input and joins the chain's ids, and the step's positions move on
+// by one token, so the CPU writes nothing between steps.
+@group(0) @binding(3) var<storage, read_write> step: array<u32>;        // StepState, then ids
+@group(0) @binding(4) var<storage, read_write> chain: array<vec2<u32>>; // (CHAIN) the ids so far
+#endif
 
 var<workgroup> sv: array<f32, WG_SIZE>;
 var<workgroup> si: array<u32, WG_SIZE>;
@@ -79,6 +86,17 @@ fn argmax(
         workgroupBarrier();
     }
     if lid.x == 0u {
-        dst[g] = vec2<u32>(bitcast<u32>(sv[0]), si[0]);
+        let pair = vec2<u32>(bitcast<u32>(sv[0]), si[0]);
+        dst[g] = pair;
+#ifdef ADVANCE
+        // One workgroup (the last stage). StepState words: pos0, n_tokens, n_past, chained;
+        // the ids from word 4. A decode step has one token: pos0 = n_past, n_past + 1.
+        let i = step[3];
+        chain[min(i, arrayLength(&chain) - 1u)] = pair;
+        step[3] = i + 1u;
+        step[0] = step[2];
+        step[2] = step[2] + 1u;
+        step[4] = si[0];
+#endif
     }
 }

@@ -28,6 +28,14 @@ fn tied_logits(n: usize, seed: u64) -> Vec<f32> {
     v
 }
 
+/// The first `n` u32 words of `buf`.
+async fn read_u32(ctx: &GpuContext, buf: &wgpu::Buffer, n: u64) -> Vec<u32> {
+    let raw = cera_web::gpu::readback::read_buffer(ctx, buf, 0, n * 4)
+        .await
+        .unwrap();
+    bytemuck::pod_collect_to_vec(&raw)
+}
+
 fn upload(ctx: &GpuContext, v: &[f32]) -> wgpu::Buffer {
     ctx.storage_buffer("test logits", bytemuck::cast_slice(v))
 }
@@ -51,6 +59,48 @@ gpu_test!(argmax_matches_cpu_over_awkward_sizes, async {
             );
             assert_eq!(got, want, "argmax n={n} variant={variant}");
         }
+    }
+});
+
+// The last stage of a chained step (`Argmax::chained`): each run writes the winner as the
+// step's token id and as the next pair of the chain, counts it, and moves the positions on by
+// one token; a chain longer than its buffer overwrites the last pair.
+gpu_test!(argmax_chained_advances_the_step, async {
+    use cera_web::gpu::{Step, StepState};
+    let ctx = common::shared_context().await;
+    for (s, &n) in SIZES.iter().enumerate() {
+        let step = Step::new(&ctx, 1).unwrap();
+        step.write(&ctx, 5, &[77]);
+        let chain = ctx.empty_storage("test chain", 2 * 8).unwrap();
+        let buf = ctx.empty_storage("test logits", n as u64 * 4).unwrap();
+        let op = Argmax::chained(&ctx, &buf, n as u32, &step.buffer, &chain).unwrap();
+        let mut want = Vec::new();
+        for run in 0..3u64 {
+            let v = tied_logits(n, 300 + s as u64 * 3 + run);
+            ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&v));
+            let id = op.run(&ctx).await.unwrap();
+            assert_eq!(id, cpu_argmax(&v), "chained argmax n={n} run {run}");
+            want.push((v[id as usize].to_bits(), id));
+        }
+        let words = read_u32(&ctx, &step.buffer, 5).await;
+        let state = StepState {
+            pos0: 8,
+            n_tokens: 1,
+            n_past: 9,
+            chained: 3,
+        };
+        let state: [u32; 4] = bytemuck::cast(state);
+        assert_eq!(words[..4], state, "n={n}: the step state after 3 runs");
+        assert_eq!(words[4], want[2].1, "n={n}: the next step's token");
+        let pairs = read_u32(&ctx, &chain, 4).await;
+        // Slots 0 and 1; the third run overwrote slot 1 (the chain holds two).
+        assert_eq!(
+            pairs,
+            [want[0].0, want[0].1, want[2].0, want[2].1],
+            "n={n}: the chain"
+        );
+        let short = ctx.empty_storage("short chain", 4).unwrap();
+        assert!(Argmax::chained(&ctx, &buf, n as u32, &step.buffer, &short).is_err());
     }
 });
 

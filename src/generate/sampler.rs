@@ -238,6 +238,8 @@ struct GpuState {
     penalties: Option<Penalties>,
     mask: Option<TokenMask>,
     argmax: Option<Argmax>,
+    /// The argmax of chained steps, with the step and chain buffers it advances.
+    chained: Option<(Argmax, wgpu::Buffer, wgpu::Buffer)>,
     topk: Option<TopK>,
     staging: wgpu::Buffer,
     /// What the pending readback holds.
@@ -348,6 +350,7 @@ impl Sampler {
                 penalties: None,
                 mask: None,
                 argmax: None,
+                chained: None,
                 topk: None,
                 staging: ctx.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("sampler readback"),
@@ -497,10 +500,11 @@ impl Sampler {
     }
 
     /// A greedy step kept on the GPU: after `before` (the forward pass writing `logits`) in the
-    /// same compute pass, the argmax; then its index is copied to `next_id` (buffer, byte offset:
-    /// where the next step's embedding reads its token) and its `(value bits, index)` pair to
-    /// `ring` (buffer, byte offset) for a readback of several steps at once. Nothing is read
-    /// back here and nothing is accepted: the caller accepts the ids it reads.
+    /// same compute pass, the argmax, whose last stage advances the step ([`Argmax::chained`]):
+    /// the winner becomes `step`'s token id (where the next step's embedding reads it), its
+    /// `(value bits, index)` pair goes to `chain` at the step state's `chained` count, and the
+    /// positions move on by one token. Nothing is copied, read back or accepted here: the
+    /// caller reads `chain` once and accepts the ids it reads.
     #[allow(clippy::too_many_arguments)]
     pub fn encode_chained(
         &mut self,
@@ -509,8 +513,8 @@ impl Sampler {
         logits: &wgpu::Buffer,
         n_vocab: u32,
         before: impl FnOnce(&mut wgpu::ComputePass<'_>),
-        next_id: (&wgpu::Buffer, u64),
-        ring: (&wgpu::Buffer, u64),
+        step: &wgpu::Buffer,
+        chain: &wgpu::Buffer,
     ) -> Result<()> {
         if !self.chains_on_gpu() {
             return Err(Error::internal(
@@ -518,21 +522,22 @@ impl Sampler {
             ));
         }
         let g = self.state(ctx, logits, n_vocab)?;
-        if g.argmax.is_none() {
-            g.argmax = Some(Argmax::new(ctx, logits, n_vocab)?);
+        let fresh = match &g.chained {
+            Some((_, s, c)) => s != step || c != chain,
+            None => true,
+        };
+        if fresh {
+            let a = Argmax::chained(ctx, logits, n_vocab, step, chain)?;
+            g.chained = Some((a, step.clone(), chain.clone()));
         }
-        let a = g.argmax.as_ref().expect("built");
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("forward + argmax"),
-                timestamp_writes: None,
-            });
-            before(&mut pass);
-            a.encode_pass(&mut pass);
-            ctx.count_recorded(1, a.stages() as u64);
-        }
-        encoder.copy_buffer_to_buffer(a.result(), Argmax::INDEX_OFFSET, next_id.0, next_id.1, 4);
-        encoder.copy_buffer_to_buffer(a.result(), 0, ring.0, ring.1, 8);
+        let a = &g.chained.as_ref().expect("built").0;
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("forward + argmax"),
+            timestamp_writes: None,
+        });
+        before(&mut pass);
+        a.encode_pass(&mut pass);
+        ctx.count_recorded(1, a.stages() as u64);
         Ok(())
     }
 

@@ -111,8 +111,10 @@ pub struct Session {
     have_logits: bool,
     /// Forward passes prepared for this session's workspace and cache ([`Session::plan_for`]).
     plans: Vec<ForwardPlan>,
-    /// Readback ring of chained greedy steps: `(value bits, index)` per step ([`CHAIN`] slots).
+    /// Readback ring of chained greedy steps: `(value bits, index)` per step ([`CHAIN`] slots),
+    /// copied from `chain`, where each step's argmax writes its pair, once a chain.
     ring: Option<wgpu::Buffer>,
+    chain: Option<wgpu::Buffer>,
     /// llguidance's view of the tokenizer, built on the first constrained generation.
     constraint_env: Option<Arc<ConstraintEnv>>,
     pub shifts: u32,
@@ -154,6 +156,7 @@ impl Session {
             have_logits: false,
             plans: Vec::new(),
             ring: None,
+            chain: None,
             constraint_env: None,
             shifts: 0,
             checkpoints: Vec::new(),
@@ -524,9 +527,15 @@ impl Session {
         }
         if self.ring.is_none() {
             self.ring = Some(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("chained ids"),
+                label: Some("chained ids readback"),
                 size: CHAIN as u64 * 8,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+            self.chain = Some(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("chained ids"),
+                size: CHAIN as u64 * 8,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: false,
             }));
         }
@@ -537,27 +546,28 @@ impl Session {
         }
         let n_vocab = self.model.hp.n_vocab;
         let t0 = now_s();
+        // The first step's state and token are written here; each step's last argmax stage
+        // writes the next one's (and its id into `chain`), so later steps need no write.
+        self.ws.step.write(&self.ctx, self.kv.n_past(), &[first]);
         for i in 0..k {
             let pos0 = self.kv.n_past();
             let plan = self.plan_for(1, pos0 + 1)?;
-            if i == 0 {
-                self.ws.step.write(&self.ctx, pos0, &[first]);
-            } else {
-                self.ws.step.write_positions(&self.ctx, pos0, 1);
-            }
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
             let (model, ctx, plan) = (&self.model, &self.ctx, &self.plans[plan]);
-            let next_id = (&self.ws.step.buffer, crate::gpu::Step::IDS_OFFSET * 4);
-            let ring = (self.ring.as_ref().expect("made above"), i as u64 * 8);
+            let chain = self.chain.as_ref().expect("made above");
             sampler.encode_chained(
                 ctx,
                 &mut enc,
                 &self.ws.logits,
                 n_vocab,
                 |pass| model.record_plan(ctx, pass, plan),
-                next_id,
-                ring,
+                &self.ws.step.buffer,
+                chain,
             )?;
+            if i + 1 == k {
+                let ring = self.ring.as_ref().expect("made above");
+                enc.copy_buffer_to_buffer(chain, 0, ring, 0, k as u64 * 8);
+            }
             self.ctx.submit([enc.finish()]);
             self.kv.advance(1)?;
         }

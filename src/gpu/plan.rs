@@ -172,7 +172,9 @@ pub struct StepState {
     pub n_tokens: u32,
     /// Cells filled after this step: `pos0 + n_tokens`.
     pub n_past: u32,
-    pub pad: u32,
+    /// Ids sampled so far by a chained decode, whose last argmax stage advances the state
+    /// (`ops::argmax::Argmax::chained`): where it writes the next one.
+    pub chained: u32,
 }
 
 impl StepState {
@@ -181,7 +183,7 @@ impl StepState {
             pos0,
             n_tokens,
             n_past: pos0 + n_tokens,
-            pad: 0,
+            chained: 0,
         }
     }
 }
@@ -202,16 +204,6 @@ impl Step {
     pub fn new(ctx: &GpuContext, max_tokens: u32) -> Result<Self> {
         let buffer = ctx.empty_storage("step", (Self::IDS_OFFSET + max_tokens as u64) * 4)?;
         Ok(Step { buffer, max_tokens })
-    }
-
-    /// Queue the step's positions alone: the token ids are already in the buffer (a previous
-    /// step's sampler wrote them on the GPU).
-    pub fn write_positions(&self, ctx: &GpuContext, pos0: u32, n_tokens: u32) {
-        ctx.queue.write_buffer(
-            &self.buffer,
-            0,
-            bytemuck::bytes_of(&StepState::new(pos0, n_tokens)),
-        );
     }
 
     /// Queue the step's positions and token ids (lands before the next submission's work).

@@ -42,23 +42,28 @@ impl WgslParams for ArgmaxParams {
     ];
 }
 
-/// The pipeline key: the first stage reads f32 logits, later ones `(bits, index)` pairs.
-pub fn key(workgroup_size: u32, from_logits: bool) -> PipelineKey {
-    let k = PipelineKey::new(SHADER, ENTRY)
+/// The pipeline key: the first stage reads f32 logits, later ones `(bits, index)` pairs; the
+/// last stage of a chained decode advances the step (`ADVANCE`, [`Argmax::chained`]).
+pub fn key(workgroup_size: u32, from_logits: bool, advance: bool) -> PipelineKey {
+    let mut k = PipelineKey::new(SHADER, ENTRY)
         .workgroup_size(workgroup_size)
         .define("ITEMS", format!("{ITEMS}u"));
     if from_logits {
-        k.define("FROM_LOGITS", "")
-    } else {
-        k
+        k = k.define("FROM_LOGITS", "");
     }
+    if advance {
+        k = k.define("ADVANCE", "");
+    }
+    k
 }
 
 pub fn variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for wg in [64u32, 128, 256] {
         for from_logits in [true, false] {
-            v.push(key(wg, from_logits).into());
+            for advance in [false, true] {
+                v.push(key(wg, from_logits, advance).into());
+            }
         }
     }
     v
@@ -154,6 +159,41 @@ impl Argmax {
 
     /// Plan the reduction for `logits` (at least `n` f32, `COPY_SRC` not needed).
     pub fn new(ctx: &GpuContext, logits: &wgpu::Buffer, n: u32) -> Result<Self> {
+        Self::build(ctx, logits, n, None)
+    }
+
+    /// The reduction whose last stage also advances a chained greedy decode: the winner goes
+    /// to `step`'s first token id (the next step's input, [`crate::gpu::Step`]) and to
+    /// `chain[state.chained]` as its `(value bits, index)` pair, then `chained` counts it and
+    /// the positions move on by one token (`pos0 = n_past`, `n_past + 1`). So the steps of a
+    /// chain need no write or copy from the CPU between them; `chain` is read back once.
+    /// `step` must hold a decode step's state (one token); `chain` holds `chain.size() / 8`
+    /// pairs, and a step past them overwrites the last.
+    pub fn chained(
+        ctx: &GpuContext,
+        logits: &wgpu::Buffer,
+        n: u32,
+        step: &wgpu::Buffer,
+        chain: &wgpu::Buffer,
+    ) -> Result<Self> {
+        let step_bytes = (crate::gpu::Step::IDS_OFFSET + 1) * 4;
+        if step.size() < step_bytes || chain.size() < 8 {
+            return Err(Error::internal(format!(
+                "argmax: a chained step needs a {step_bytes}-byte step buffer (has {}) and room \
+                 for one id pair in the chain (has {} bytes)",
+                step.size(),
+                chain.size()
+            )));
+        }
+        Self::build(ctx, logits, n, Some((step, chain)))
+    }
+
+    fn build(
+        ctx: &GpuContext,
+        logits: &wgpu::Buffer,
+        n: u32,
+        advance: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
+    ) -> Result<Self> {
         check_logits(ctx, logits, n)?;
         let wg = reduction_workgroup_size(ctx);
         let chunk = (wg * ITEMS) as u64;
@@ -167,7 +207,8 @@ impl Argmax {
             if !last {
                 scratch.push(ctx.empty_storage("argmax scratch", groups * 8)?);
             }
-            let pipe = ctx.pipeline(&key(wg, s == 0))?;
+            let advance = advance.filter(|_| last);
+            let pipe = ctx.pipeline(&key(wg, s == 0, advance.is_some()))?;
             let params = ctx.uniform_buffer_owned(
                 "argmax params",
                 &ArgmaxParams {
@@ -185,10 +226,15 @@ impl Argmax {
             } else {
                 head(&scratch[s], groups * 8)
             };
+            let mut entries = vec![buffer_entry(0, &params), entry(1, src), entry(2, dst)];
+            if let Some((step, chain)) = advance {
+                entries.push(buffer_entry(3, step));
+                entries.push(buffer_entry(4, chain));
+            }
             let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&pipe.key.label()),
                 layout: &pipe.layout,
-                entries: &[buffer_entry(0, &params), entry(1, src), entry(2, dst)],
+                entries: &entries,
             });
             let grid = grid_2d(groups, ctx.limits.max_compute_workgroups_per_dimension)?;
             stages.push(Stage {
