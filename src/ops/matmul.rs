@@ -283,10 +283,14 @@ impl MatmulConfig {
         let wg = ctx.limits.workgroup_size(256);
         // The legacy types' word items and Q6_K's units take the same row teams from
         // XQ8_MIN_VALUES up (below, the small latency-bound shapes keep one row a team):
-        // measured on an H100, docs/dispatch.md.
+        // measured on an H100, docs/dispatch.md. `CERA_ITEM_ROWS_MIN=N` moves the bound (a
+        // bench knob, natively).
         let big = rows * cols >= XQ8_MIN_VALUES;
         let row_items = w_vec4_items(ty, cols).or_else(|| {
-            let on = item_rows_type(ty) && big && !crate::gpu::knob::knob_off("CERA_ITEM_ROWS");
+            let min = crate::gpu::knob::knob_u64("CERA_ITEM_ROWS_MIN").unwrap_or(XQ8_MIN_VALUES);
+            let on = item_rows_type(ty)
+                && rows * cols >= min
+                && !crate::gpu::knob::knob_off("CERA_ITEM_ROWS");
             on.then(|| items_per_row(ty, cols))
         });
         if let Some(items) = row_items {
