@@ -1633,8 +1633,13 @@ pub fn q8_glu_wanted(ctx: &GpuContext, w: &GpuTensor) -> bool {
     let knob = crate::gpu::knob::knob("CERA_XQ8_GLU");
     let knob = knob.as_deref().map(str::trim);
     let ty_ok = match w.ty {
-        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => knob != Some("0"),
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => knob != Some("0"),
+        GgmlType::Q4K
+        | GgmlType::Q5K
+        | GgmlType::Q6K
+        | GgmlType::Q4_0
+        | GgmlType::Q4_1
+        | GgmlType::Q5_0
+        | GgmlType::Q5_1 => knob != Some("0"),
         GgmlType::Q8_0 => knob == Some("1"),
         _ => false,
     };

@@ -482,51 +482,39 @@ async fn bench_one(
     )?;
     let h = ctx.empty_storage("bench h", shape.rows * 4)?;
     let ss = ctx.storage_buffer("bench sums", bytemuck::cast_slice(&ones));
-    // 8-bit X from memory: `glu::prepare_q8` of gate = up = 1 (silu(1) = 0.73) and the bench X
-    // (the values do not matter for the timing).
+    // 8-bit X from memory, as a GLU dispatch writes it (`glu::prepare_q8` with gate = up = the
+    // bench X; the values do not matter for the timing): quantized once here for `Q8Mem`, by a
+    // dispatch before every GEMV for `Q8Quantize`.
     let q8 = if opts.x == BenchX::F32 {
         None
     } else {
-        use super::elementwise::View;
-        use super::glu::{self, Activation};
         if opts.epilogue != BenchEpilogue::None || !matmul::q8_x_fits(ctx, cfg, &w) {
             return Err(Error::invalid(format!(
                 "bench-gemv: {ty} {} in {cfg} cannot read 8-bit X from memory (or with an epilogue)",
                 shape.name
             )));
         }
-        let xq = ctx.empty_storage("bench x q8", glu::q8_bytes(1, shape.cols))?;
-        let gate = View::rows(&x, 0, shape.cols);
-        let mut pre = crate::gpu::Recorder::new(ctx);
-        glu::prepare_q8(
-            &mut pre,
-            Activation::Silu,
-            gate,
-            gate,
-            &xq,
-            1,
-            shape.cols as u32,
-        )?;
-        let pre = pre.finish();
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        pre.encode(ctx, &mut enc);
-        ctx.queue.submit([enc.finish()]);
-        Some(xq)
+        Some(ctx.empty_storage("bench x q8", super::glu::q8_bytes(1, shape.cols))?)
+    };
+    let quantize = |rec: &mut crate::gpu::Recorder, xq: &wgpu::Buffer| {
+        let gate = super::elementwise::View::rows(&x, 0, shape.cols);
+        let act = super::glu::Activation::Silu;
+        super::glu::prepare_q8(rec, act, gate, gate, xq, 1, shape.cols as u32)
     };
     let config = match (opts.epilogue, &q8) {
         (_, Some(xq)) => {
-            if opts.x == BenchX::Q8Quantize {
-                use super::elementwise::View;
-                let gate = View::rows(&x, 0, shape.cols);
-                let act = super::glu::Activation::Silu;
-                super::glu::prepare_q8(&mut rec, act, gate, gate, xq, 1, shape.cols as u32)?;
-            }
-            matmul::prepare_q8_x(&mut rec, cfg, &w, xq, &y, 0, None)?;
             let what = if opts.x == BenchX::Q8Quantize {
+                quantize(&mut rec, xq)?;
                 "quantized"
             } else {
+                let mut pre = crate::gpu::Recorder::new(ctx);
+                quantize(&mut pre, xq)?;
+                let mut enc = ctx.device.create_command_encoder(&Default::default());
+                pre.finish().encode(ctx, &mut enc);
+                ctx.queue.submit([enc.finish()]);
                 "mem"
             };
+            matmul::prepare_q8_x(&mut rec, cfg, &w, xq, &y, 0, None)?;
             format!("{cfg} +x8 {what}")
         }
         (BenchEpilogue::None, None) => {
