@@ -549,7 +549,15 @@ async fn shift(gemma: Gemma, free_running: bool) {
     agree.add("prefill", &top_k(&logits), Some(lse(&logits)), &r);
     assert_eq!(first, want[0]);
     assert_eq!((session.n_past(), session.shifts), (tokens.len() as u32, 0));
-    for k in 1..want.len() {
+    // In Chrome the first 6 steps (the shift at step 1, then five decode steps on the re-roped
+    // cells, four of them clear), about 4.6 s each there; natively all 16. The same WGSL runs
+    // on the same tokens in both.
+    let steps = if cfg!(target_arch = "wasm32") {
+        6
+    } else {
+        want.len()
+    };
+    for k in 1..steps {
         let next = session.step(&[want[k - 1]], &mut sampler).await.unwrap();
         assert_eq!(
             session.shifts, 1,
@@ -565,9 +573,9 @@ async fn shift(gemma: Gemma, free_running: bool) {
     // The session holds the kept tokens then the continuation, at positions 0..
     let mut held = tokens[..n_keep as usize].to_vec();
     held.extend_from_slice(&tokens[(n_keep + n_discard) as usize..]);
-    held.extend_from_slice(&want[..want.len() - 1]);
+    held.extend_from_slice(&want[..steps - 1]);
     assert_eq!(session.tokens(), &held[..]);
-    let want_clear = margins.iter().filter(|&&m| m > CLEAR).count();
+    let want_clear = margins[..steps].iter().filter(|&&m| m > CLEAR).count();
     tlog!(
         "context shift, teacher-forced: {}, {:.1} s",
         agree.summary(),
@@ -660,7 +668,8 @@ async fn chained_matches_step_by_step() {
         constraint: None,
         shown_control: Vec::new(),
     };
-    // Chained: stop (abort) after 3 of a chain of up to 7 steps, then go on for 4 more.
+    // Chained: stop (abort) after 3 of a chain of up to 4 steps (two run ahead are rewound), then
+    // go on for 3 more: 7 decode steps here, 5 step by step (about 4.6 s each in Chrome).
     let mut chained = Session::new(
         ctx.clone(),
         model.clone(),
@@ -673,7 +682,7 @@ async fn chained_matches_step_by_step() {
     .unwrap();
     let mut got = Vec::new();
     chained
-        .generate(&prompt, &opts(8), &mut |id, _| {
+        .generate(&prompt, &opts(5), &mut |id, _| {
             got.extend(id);
             got.len() < 3
         })
@@ -686,7 +695,7 @@ async fn chained_matches_step_by_step() {
         "steps run ahead of the stop were not rewound"
     );
     let chained_stats = chained
-        .generate(&[], &opts(4), &mut |id, _| {
+        .generate(&[], &opts(3), &mut |id, _| {
             got.extend(id);
             true
         })
@@ -706,14 +715,14 @@ async fn chained_matches_step_by_step() {
     .unwrap();
     let mut want = Vec::new();
     plain
-        .generate(&prompt, &opts(8), &mut |id, _| {
+        .generate(&prompt, &opts(5), &mut |id, _| {
             want.extend(id);
             want.len() < 3
         })
         .await
         .unwrap();
     let plain_stats = plain
-        .generate(&[], &opts(4), &mut |id, _| {
+        .generate(&[], &opts(3), &mut |id, _| {
             want.extend(id);
             true
         })
