@@ -384,8 +384,11 @@ async fn teacher_forced(names: &[&str], least: usize) {
 // model) are exercised here by the short prompt with its log-probabilities, and over two passes
 // by the greedy test below (32 rows, 22 clear steps). `code` (167 tokens, 138 clear positions)
 // was the largest part of this file in Chrome.
+// Named to sort first: the test harness starts tests in name order, so the file's two longest
+// (this one and the long prompt's below) start at once on the two test threads natively and the
+// shorter ones fill in beside them (last, the long prompt ran alone for minutes).
 gpu_test!(
-    gemma3_teacher_forced_logits_match_llama_cpp,
+    gemma3_a_teacher_forced_logits_match_llama_cpp,
     if cfg!(target_arch = "wasm32") {
         teacher_forced(&["short"], 4)
     } else {
@@ -402,7 +405,7 @@ gpu_test!(
 /// each layer's window is the same Rust natively.
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
-fn gemma3_teacher_forced_past_the_sliding_window_matches_llama_cpp() {
+fn gemma3_a_long_prompt_past_the_sliding_window_matches_llama_cpp() {
     pollster::block_on(teacher_forced(&["long"], 120));
 }
 
@@ -468,12 +471,14 @@ gpu_test!(
 /// The decode path with a real GPU's attention (split over the cache, q and k normed and roped
 /// and the token's K/V cell written inside it: `Model::split_attention`), which a CPU adapter
 /// does not choose by itself: llama.cpp's greedy ids for one prompt, teacher-forced one token a
-/// pass, the first 20 steps. Native only: in Chrome the synthetic models cover this path (a
+/// pass, the first 10 steps (6 clear; about 12 s a step on lavapipe, where this kernel is slow: 20
+/// steps made it the longest test of the file, and the greedy test above checks the later steps
+/// on the adapter's own kernels). Native only: in Chrome the synthetic models cover this path (a
 /// second copy of the real model there would cost a second fetch and pipeline compile).
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn gemma3_split_attention_decode_matches_llama_cpp() {
-    const STEPS: usize = 20;
+    const STEPS: usize = 10;
     pollster::block_on(async {
         let t0 = now_s();
         let Gemma { ctx, model, .. } = gemma_split();
@@ -501,7 +506,7 @@ fn gemma3_split_attention_decode_matches_llama_cpp() {
         agree.assert_within("split attention");
         let clear = margins[..STEPS].iter().filter(|&&m| m > CLEAR).count();
         assert_eq!(agree.clear, clear);
-        assert!(clear >= 10, "only {clear} clear steps");
+        assert!(clear >= 6, "only {clear} clear steps");
     });
 }
 

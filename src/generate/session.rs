@@ -28,6 +28,10 @@ const CHECKPOINTS: usize = 2;
 /// steps (their cache cells are simply reused).
 pub const CHAIN: u32 = 16;
 
+/// The longest chain [`Session::decode_chained`] takes (the readback ring's slots): [`CHAIN`]
+/// unless a bench asks for longer ones (`CERA_CHAIN`, `generate::bench`).
+pub const CHAIN_MAX: u32 = 64;
+
 /// How a session uses its context.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
@@ -512,7 +516,7 @@ impl Session {
         k: u32,
         sampler: &mut Sampler,
     ) -> Result<Vec<u32>> {
-        if k == 0 || k > CHAIN || self.kv.n_past() + k > self.opts.n_ctx {
+        if k == 0 || k > CHAIN_MAX || self.kv.n_past() + k > self.opts.n_ctx {
             return Err(Error::internal(format!(
                 "decode_chained: {k} steps at {} of {}",
                 self.kv.n_past(),
@@ -528,13 +532,13 @@ impl Session {
         if self.ring.is_none() {
             self.ring = Some(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("chained ids readback"),
-                size: CHAIN as u64 * 8,
+                size: CHAIN_MAX as u64 * 8,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }));
             self.chain = Some(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("chained ids"),
-                size: CHAIN as u64 * 8,
+                size: CHAIN_MAX as u64 * 8,
                 usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: false,
             }));
@@ -549,10 +553,15 @@ impl Session {
         // The first step's state and token are written here; each step's last argmax stage
         // writes the next one's (and its id into `chain`), so later steps need no write.
         self.ws.step.write(&self.ctx, self.kv.n_past(), &[first]);
+        // Steps a command buffer: one submit a step lets the GPU start on the first step while
+        // the CPU records the next; `CERA_CHAIN_SUBMIT=N` (a bench knob) puts N steps in each.
+        let per_submit = crate::gpu::knob::knob_u64("CERA_CHAIN_SUBMIT")
+            .unwrap_or(1)
+            .max(1) as u32;
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         for i in 0..k {
             let pos0 = self.kv.n_past();
             let plan = self.plan_for(1, pos0 + 1)?;
-            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
             let (model, ctx, plan) = (&self.model, &self.ctx, &self.plans[plan]);
             let chain = self.chain.as_ref().expect("made above");
             sampler.encode_chained(
@@ -568,7 +577,13 @@ impl Session {
                 let ring = self.ring.as_ref().expect("made above");
                 enc.copy_buffer_to_buffer(chain, 0, ring, 0, k as u64 * 8);
             }
-            self.ctx.submit([enc.finish()]);
+            if i + 1 == k || (i + 1) % per_submit == 0 {
+                let done = std::mem::replace(
+                    &mut enc,
+                    self.ctx.device.create_command_encoder(&Default::default()),
+                );
+                self.ctx.submit([done.finish()]);
+            }
             self.kv.advance(1)?;
         }
         self.record_s += now_s() - t0;
