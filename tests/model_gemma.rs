@@ -384,11 +384,8 @@ async fn teacher_forced(names: &[&str], least: usize) {
 // model) are exercised here by the short prompt with its log-probabilities, and over two passes
 // by the greedy test below (32 rows, 22 clear steps). `code` (167 tokens, 138 clear positions)
 // was the largest part of this file in Chrome.
-// Named to sort first: the test harness starts tests in name order, so the file's two longest
-// (this one and the long prompt's below) start at once on the two test threads natively and the
-// shorter ones fill in beside them (last, the long prompt ran alone for minutes).
 gpu_test!(
-    gemma3_a_teacher_forced_logits_match_llama_cpp,
+    gemma3_teacher_forced_logits_match_llama_cpp,
     if cfg!(target_arch = "wasm32") {
         teacher_forced(&["short"], 4)
     } else {
@@ -398,14 +395,15 @@ gpu_test!(
 );
 
 /// The long prompt (722 tokens, which crosses the 512-token sliding window and is scored past
-/// it, 140 clear positions), in a test of its own so that natively it runs beside the other
-/// prompts rather than after them (the two are the longest of the file). Native only: what it
-/// adds in Chrome is proven there by the attention tests (a 512-cell window crossed in prefill
-/// and decode, `gemma_window512_*`, against a CPU reference), while the host code that picks
-/// each layer's window is the same Rust natively.
+/// it, 140 clear positions), in a test of its own. Its name sorts it last, so it runs mostly
+/// alone: started beside the other prompts, the two long prefills thrashed the CPU-emulated GPU
+/// (the file took 831 s in one run, against 320 s in name order; `docs/testing.md`). Native
+/// only: what it adds in Chrome is proven there by the attention tests (a 512-cell window
+/// crossed in prefill and decode, `gemma_window512_*`, against a CPU reference), while the host
+/// code that picks each layer's window is the same Rust natively.
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
-fn gemma3_a_long_prompt_past_the_sliding_window_matches_llama_cpp() {
+fn gemma3_teacher_forced_past_the_sliding_window_matches_llama_cpp() {
     pollster::block_on(teacher_forced(&["long"], 120));
 }
 
