@@ -558,15 +558,17 @@ impl Session {
         let per_submit = crate::gpu::knob::knob_u64("CERA_CHAIN_SUBMIT")
             .unwrap_or(1)
             .max(1) as u32;
-        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        let mut open = None;
         for i in 0..k {
             let pos0 = self.kv.n_past();
             let plan = self.plan_for(1, pos0 + 1)?;
             let (model, ctx, plan) = (&self.model, &self.ctx, &self.plans[plan]);
             let chain = self.chain.as_ref().expect("made above");
+            let enc =
+                open.get_or_insert_with(|| ctx.device.create_command_encoder(&Default::default()));
             sampler.encode_chained(
                 ctx,
-                &mut enc,
+                enc,
                 &self.ws.logits,
                 n_vocab,
                 |pass| model.record_plan(ctx, pass, plan),
@@ -578,10 +580,7 @@ impl Session {
                 enc.copy_buffer_to_buffer(chain, 0, ring, 0, k as u64 * 8);
             }
             if i + 1 == k || (i + 1) % per_submit == 0 {
-                let done = std::mem::replace(
-                    &mut enc,
-                    self.ctx.device.create_command_encoder(&Default::default()),
-                );
+                let done = open.take().expect("opened above");
                 self.ctx.submit([done.finish()]);
             }
             self.kv.advance(1)?;
