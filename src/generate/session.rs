@@ -131,6 +131,9 @@ pub struct Session {
     /// CPU seconds spent recording and submitting chained decode steps (`cera bench` divides
     /// by the steps: when it is close to the time per token, decoding is bound by the CPU).
     pub record_s: f64,
+    /// Chained steps a command buffer (`decode_chained`): 1, unless the bench knob
+    /// `CERA_CHAIN_SUBMIT=N` asks for more; read once here, not per chain.
+    chain_submit: u32,
 }
 
 impl Session {
@@ -166,6 +169,8 @@ impl Session {
             checkpoints: Vec::new(),
             replayed_tokens: 0,
             record_s: 0.0,
+            chain_submit: crate::gpu::knob::knob_u64("CERA_CHAIN_SUBMIT")
+                .map_or(1, |n| n.max(1) as u32),
         })
     }
 
@@ -554,10 +559,8 @@ impl Session {
         // writes the next one's (and its id into `chain`), so later steps need no write.
         self.ws.step.write(&self.ctx, self.kv.n_past(), &[first]);
         // Steps a command buffer: one submit a step lets the GPU start on the first step while
-        // the CPU records the next; `CERA_CHAIN_SUBMIT=N` (a bench knob) puts N steps in each.
-        let per_submit = crate::gpu::knob::knob_u64("CERA_CHAIN_SUBMIT")
-            .unwrap_or(1)
-            .max(1) as u32;
+        // the CPU records the next (`chain_submit` steps in each with the bench knob).
+        let per_submit = self.chain_submit;
         let mut open = None;
         for i in 0..k {
             let pos0 = self.kv.n_past();
