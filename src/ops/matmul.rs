@@ -355,17 +355,19 @@ impl MatmulConfig {
 
     /// The GEMV shape on a CPU-emulated adapter: a thread a row (no barrier: an emulated
     /// barrier switches every invocation's context), except for the types with 16-byte items
-    /// where the adapter has subgroups of 8 lanes or more (lavapipe on AVX2): there an 8-lane
+    /// and those read as item rows (Q5_0, Q6_K and the legacy types) where the adapter has
+    /// subgroups of 8 lanes or more (lavapipe on AVX2): there an 8-lane
     /// team takes 8 rows' items interleaved and adds its sums with subgroup shuffles, still
     /// without a barrier, so the SIMD lanes load neighbouring words (not eight rows' words far
     /// apart) and each X item serves 8 rows. Measured on lavapipe (`cera bench-gemv --shapes
     /// gemma`, ms a GEMV; thread a row / 8-lane teams of a row / of 8 rows): Q8_0 head 262144 x
-    /// 640 381 / 270 / 135, q/k/v 2.7 / 0.8-2.9 / 0.77; Q4_K o 4.3 / 1.1-1.5 / 0.41. Q5_0 and
-    /// Q6_K (word items) gained nothing from teams and keep a thread a row. `CERA_CPU_TEAMS=0`
-    /// keeps a thread a row everywhere.
+    /// 640 381 / 270 / 135, q/k/v 2.7 / 0.8-2.9 / 0.77; Q4_K o 4.3 / 1.1-1.5 / 0.41. Item rows
+    /// on another, slower 2-core machine (thread a row -> teams of 8 rows): Q5_0 q+k+v 5.8 ->
+    /// 2.7, gate+up 13.6 -> 7.3, o 3.3 -> 1.6; Q6_K down 8.9 -> 4.3. `CERA_CPU_TEAMS=0` keeps a
+    /// thread a row everywhere.
     fn cpu_gemv(ctx: &GpuContext, ty: GgmlType, cols: u64) -> Self {
         let teams = Self::CPU_TEAMS.fit(ctx);
-        if w_vec4_items(ty, cols).is_some()
+        if (w_vec4_items(ty, cols).is_some() || item_rows_type(ty))
             && teams.subgroup
             && teams.threads_per_row == Self::CPU_TEAMS.threads_per_row
             && !crate::gpu::knob::knob_off("CERA_CPU_TEAMS")
