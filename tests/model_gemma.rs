@@ -46,12 +46,9 @@ const CLEAR: f64 = 0.5;
 
 /// Allowed |ours - llama.cpp| of the top-1 logit and of its log-probability, `(mean, max)` over a
 /// prompt's positions. The scale is llama.cpp's own batched-vs-sequential noise on these prompts
-/// (mean 0.18-0.31, max 1.9-3.1 over all logits; logits are about 20). Both sides quantize some
-/// activations to 8 bits, not always the same ones: a prefill product on a CPU adapter reads
-/// 8-bit X for Q8_0, Q4_0, Q5_0 and Q4_K weights (`gemm_q8`), a decode product f32 X. Measured on
-/// lavapipe, the greedy prompts' means with Q5_0 on f32 X -> 8-bit X: 0.158 -> 0.175, 0.181 ->
-/// 0.169, 0.252 -> 0.260, 0.284 -> 0.351 (max 1.05 -> 1.43), every clear argmax equal in both.
-const TOP1_TOL: (f64, f64) = (0.40, 3.1);
+/// (mean 0.18-0.31, max 1.9-3.1 over all logits; logits are about 20): llama.cpp quantizes the
+/// activations to Q8_K for its dot products, we multiply in f32.
+const TOP1_TOL: (f64, f64) = (0.35, 3.1);
 
 /// The same for the log-probability of llama.cpp's top token (logit minus the row's log-sum-exp):
 /// a shift common to a whole row cancels, so these agree closer (measured: mean 0.03-0.07, max

@@ -1,7 +1,7 @@
 //! Structured output on the real Gemma 3 270M: JSON Schema, regex, Lark and GBNF constraints
 //! masking the logits on the GPU. Outputs are checked with independent validators (the
 //! `jsonschema` crate, the `regex` crate), never with the code under test. The schema, the regex
-//! and the Lark grammar are each sampled at temperature 1 over 6 seeds. The model runs at about a
+//! and the Lark grammar are each sampled at temperature 1 over 3 seeds. The model runs at about a
 //! second per decode step on the CPU-emulated GPU, so the answers are kept to a few sampled steps
 //! each: compact constraints with short free parts, forced text fed in one batch, the prompt fed
 //! once per sweep and the model loaded once for the file. Each generation logs its time and the
@@ -136,14 +136,15 @@ fn sampled(seed: u64) -> SamplerParams {
     }
 }
 
-/// How many seeds each sampled sweep runs: 6 by default (each seed is a few decode steps of
-/// about a second on the CPU-emulated GPU; 20 kept this file near five minutes, 10 near 2.6);
-/// `CERA_STRUCTURED_SEEDS=N` for a quick look while working on the constraint code.
+/// How many seeds each sampled sweep runs: 3 by default. Each seed is a few decode steps of
+/// about a second on the CPU-emulated GPU, with the other real-model tests beside it: at 6 the
+/// three sweeps took 417, 152 and about 150 s of one CI run's 529 s for this file (seeds 0-2
+/// already give three distinct answers in each). `CERA_STRUCTURED_SEEDS=N` runs more.
 fn seeds() -> u64 {
     std::env::var("CERA_STRUCTURED_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(6)
+        .unwrap_or(3)
 }
 
 /// Sample one answer per seed at temperature 1 to the chat prompt `user` under `spec`, and check
@@ -190,9 +191,9 @@ fn sweep(
         answers.len(),
         now_s() - t0
     );
-    // Temperature 1 must really sample: six seeds giving one answer would mean the seed or
+    // Temperature 1 must really sample: three seeds giving one answer would mean the seed or
     // the temperature is lost on the way to the GPU sampler.
-    if n >= 5 {
+    if n >= 3 {
         assert!(answers.len() > 1, "{what}: every seed gave {answers:?}");
     }
 }
