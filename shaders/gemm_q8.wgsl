@@ -20,7 +20,7 @@
 // step; a deeper step (KB 2 or 4) halves or quarters the barrier pairs and round trips per K.
 //
 // Defines (chosen in src/ops/gemm_q8.rs, which reads BM and BN back for the dispatch):
-//   TYPE_Q8_0 | TYPE_Q4_0 | TYPE_Q5_0 | TYPE_Q4_K: the weight type, in the GPU layout of src/quant/gpu.rs.
+//   TYPE_Q8_0 | TYPE_Q4_0 | TYPE_Q4_K: the weight type, in the GPU layout of src/quant/gpu.rs.
 //   BM, BN: the tile. TM, TN: rows and tokens per thread, 4 or 8 (TM8 / TN8 set when 8).
 //   KB: blocks of 32 values per step, 1, 2 or 4. WG_SIZE = (BM / TM) * (BN / TN).
 //   W_WORDS, X_WORDS: quant words of one row (token) each thread loads per step: 8 KB BM /
@@ -130,32 +130,6 @@ fn w_scale(r: WRaw, b: u32) -> vec2<f32> {
     let h = unpack2x16float(r.s.x);
     let d = select(h.x, h.y, (b & 1u) == 1u);
     return vec2<f32>(d, 8.0 * d);
-}
-#endif
-
-#ifdef TYPE_Q5_0
-// Block: the word of high bits qh (bit j: value j's fifth bit), then Q4_0's 4 words of low
-// nibbles; then the f16 scales. Value = d (q - 16) with q = nibble | (bit << 4): dw = d,
-// mw = 16 d.
-fn fetch_w_block(rb: u32, b: u32, k0: u32) -> WRaw {
-    var r: WRaw;
-    for (var k = 0u; k < W_WORDS; k++) {
-        r.q[k] = w[rb + 5u * b + 1u + ((k0 + k) & 3u)];
-    }
-    r.s.x = w[rb + 5u * (p.cols / 32u) + (b >> 1u)];
-    r.s.y = w[rb + 5u * b];
-    return r;
-}
-fn w_word(r: WRaw, b: u32, k: u32, kb: u32) -> u32 {
-    // Values 4 kb .. 4 kb + 3: their fifth bits, each moved to bit 4 of its byte.
-    let h = (r.s.y >> (4u * kb)) & 15u;
-    let hi = ((h & 1u) << 4u) | ((h & 2u) << 11u) | ((h & 4u) << 18u) | ((h & 8u) << 25u);
-    return nib_words(r.q[k], kb >= 4u) | hi;
-}
-fn w_scale(r: WRaw, b: u32) -> vec2<f32> {
-    let h = unpack2x16float(r.s.x);
-    let d = select(h.x, h.y, (b & 1u) == 1u);
-    return vec2<f32>(d, 16.0 * d);
 }
 #endif
 

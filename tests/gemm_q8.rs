@@ -58,7 +58,7 @@ fn half_to_f32(h: u16) -> f32 {
 }
 
 /// The min each value of block `b` (32 values) of each row subtracts, `mw`, from the GGUF bytes:
-/// 0 for Q8_0, 8 d for Q4_0, 16 d for Q5_0, dmin * m_j for Q4_K (ggml's get_scale_min_k4).
+/// 0 for Q8_0, 8 d for Q4_0, dmin * m_j for Q4_K (ggml's get_scale_min_k4).
 fn mins(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Vec<f64> {
     let nb = cols / 32;
     let mut out = vec![0.0; rows * nb];
@@ -67,11 +67,6 @@ fn mins(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Vec<f64> {
         GgmlType::Q4_0 => {
             for (i, blk) in bytes.chunks_exact(18).enumerate() {
                 out[i] = 8.0 * f16(&blk[0..2]);
-            }
-        }
-        GgmlType::Q5_0 => {
-            for (i, blk) in bytes.chunks_exact(22).enumerate() {
-                out[i] = 16.0 * f16(&blk[0..2]);
             }
         }
         GgmlType::Q4K => {
@@ -361,7 +356,6 @@ async fn check_type(ty: GgmlType) {
 
 gpu_test!(gemm_q8_q8_0, check_type(GgmlType::Q8_0));
 gpu_test!(gemm_q8_q4_0, check_type(GgmlType::Q4_0));
-gpu_test!(gemm_q8_q5_0, check_type(GgmlType::Q5_0));
 gpu_test!(gemm_q8_q4_k, check_type(GgmlType::Q4K));
 
 /// llama.cpp's activation quantization (x86) of one block, `(quants, d)`: Q8_0 style

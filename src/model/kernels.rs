@@ -3,7 +3,6 @@
 //! prepares its dispatches on a [`Recorder`] (once per plan).
 
 use crate::error::Result;
-use crate::gguf::GgmlType;
 use crate::gpu::{GpuContext, GpuTensor, Recorder};
 use crate::kv::KvCache;
 use crate::model::HParams;
@@ -75,21 +74,9 @@ pub fn gemm_q8_wanted(ctx: &GpuContext, w: &GpuTensor, n: u32, force: Option<boo
     match force {
         Some(f) => f && readable,
         // Where the device has cooperative matrices, the f32-X product runs on them instead.
-        None => {
-            readable
-                && !OPT_IN_ONLY.contains(&w.ty)
-                && gemm::use_gemm(ctx, n)
-                && !gemm_coop::wanted(ctx, w, n)
-        }
+        None => readable && gemm::use_gemm(ctx, n) && !gemm_coop::wanted(ctx, w, n),
     }
 }
-
-/// Types the 8-bit GEMM reads only when forced ([`gemm_q8_wanted`]'s `force`, or natively
-/// `CERA_GEMM_Q8=1`). Q5_0: on Gemma 3 270M (its q, k, v, gate and up) 8-bit X flipped a clear
-/// argmax of the teacher-forced `medium` prompt (position 70, llama.cpp's margin 0.59) and raised
-/// the greedy prompts' mean |top-1 logit difference| (0.284 -> 0.351 on one), though it halved
-/// lavapipe's prefill time (32 tokens, GPU 8.3 -> 4.9 s).
-const OPT_IN_ONLY: [GgmlType; 1] = [GgmlType::Q5_0];
 
 /// X quantized to 8 bits for the products on 8-bit X, in the style of the weights it serves.
 #[derive(Clone, Copy)]

@@ -29,10 +29,9 @@ pub const SHADER: &str = "gemm_q8.wgsl";
 pub const ENTRY: &str = "gemm_q8";
 
 /// The weight types this kernel reads, with their shader defines.
-pub const TYPES: [(GgmlType, &str); 4] = [
+pub const TYPES: [(GgmlType, &str); 3] = [
     (GgmlType::Q8_0, "TYPE_Q8_0"),
     (GgmlType::Q4_0, "TYPE_Q4_0"),
-    (GgmlType::Q5_0, "TYPE_Q5_0"),
     (GgmlType::Q4K, "TYPE_Q4_K"),
 ];
 
