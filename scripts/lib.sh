@@ -33,6 +33,17 @@ gpu_env() {
   mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 }
 
+# lavapipe_vars: "VK_DRIVER_FILES=... VK_ICD_FILENAMES=..." (one a line) naming the newer lavapipe
+# that scripts/fetch-lavapipe unpacked, for `env` in front of the native tests; nothing when there
+# is none or CERA_SYSTEM_VULKAN=1 (then the Vulkan loader picks among the system's drivers, e.g. a
+# real GPU's). Only the native tests take it: the browser's WebGPU runs on its own SwiftShader.
+lavapipe_vars() {
+  local icd="${XDG_CACHE_HOME:-$HOME/.cache}/cera-web/lavapipe/lvp.json"
+  if [ "${CERA_SYSTEM_VULKAN:-0}" != 1 ] && [ -f "$icd" ]; then
+    printf 'VK_DRIVER_FILES=%s\nVK_ICD_FILENAMES=%s\n' "$icd" "$icd"
+  fi
+}
+
 # count_cargo LOG [SKIPDOC]: "passed failed ignored" summed over every `test result:` line of a
 # cargo/wasm-bindgen-test log; with SKIPDOC=1 it stops at the doc tests.
 count_cargo() {
