@@ -935,10 +935,15 @@ fn int_part(ty: GgmlType, bytes: &[u8], wf: &[f32]) -> Vec<f32> {
 }
 
 /// The team shapes with 8-bit X items the XQ8 checks run: row teams with and without subgroups,
-/// with rows shared by teams, and the CPU adapters' teams.
-const XQ8_TEAMS: [MatmulConfig; 4] = [
+/// with rows shared by teams, and the CPU adapters' teams (2 rows a team of 8 lanes unshared:
+/// a GPU's short-row Q8_0 output head).
+const XQ8_TEAMS: [MatmulConfig; 5] = [
     MatmulConfig {
         rows_per_team: 4,
+        ..MatmulConfig::team(256, 8, 1)
+    },
+    MatmulConfig {
+        rows_per_team: 2,
         ..MatmulConfig::team(256, 8, 1)
     },
     MatmulConfig {

@@ -266,7 +266,8 @@ impl MatmulConfig {
     ///   9.6);
     /// - Q8_0 with 16384 rows or more gains from 4 rows a team, with about 8 items a lane (8B
     ///   gate/up 41.1 -> 24.3 at 32 lanes; the 8B head 283 -> 144 at 32 lanes; the 270M head, 40
-    ///   items a row, 122 -> 58 at 8 lanes);
+    ///   items a row, 122 -> 58 at 8 lanes; on an H100 it later went to 2 rows on 8-bit X,
+    ///   [`q8_short_head`]);
     /// - with fewer rows, 4 rows a team pay too once teams share rows (`KS`) to keep the
     ///   workgroups (a later sweep, us): 8B q/o Q8_0 9.8 (2 rows) -> 8.2 (4 rows, 2 teams a row
     ///   group), down 34.7 -> 23.9 (4 rows, 4 teams), k/v (1024 rows) 7.2 -> 4.8 (2 rows, 4
@@ -303,7 +304,9 @@ impl MatmulConfig {
             // 11.8, k/v 8.1 -> 7.0); below it keeps one row a team (not swept).
             let swept =
                 q8 || ty == GgmlType::Q4K || (ty == GgmlType::Q5K && big) || item_rows_type(ty);
-            let (tpr, nr) = if rows >= 65536 || (q8 && rows >= 16384) {
+            let (tpr, nr) = if q8_short_head(ty, rows, cols) {
+                (lanes(8), 2)
+            } else if rows >= 65536 || (q8 && rows >= 16384) {
                 (lanes(8), 4)
             } else if swept && rows >= 2048 {
                 (lanes(1), 4)
@@ -863,7 +866,8 @@ pub const XQ8_MIN_VALUES: u64 = 1 << 22;
 ///   projections, reading the 8-bit unit from memory, 40.8 -> 61.1 us), so Q6_K keeps its shape.
 ///
 /// So: Q4_K, Q5_K and the legacy types' GEMVs of [`XQ8_MIN_VALUES`] values or more with rows
-/// of at most 4096 values, and Q4_K, Q5_K and Q6_K output heads (65536 rows or more). Besides
+/// of at most 4096 values, Q4_K, Q5_K and Q6_K output heads (65536 rows or more), and Q8_0
+/// heads of short rows ([`q8_short_head`]). Besides
 /// this rule, [`MatmulConfig::gemv_for`] gives 8-bit X to every item row team of several rows
 /// (legacy types, Q6_K) whatever its width: a later kernel, measured faster there. `CERA_XQ8_MIN=N` instead asks for it on every Q4_K, Q5_K and Q6_K GEMV of N values or more (a huge N: never); `CERA_XQ8_Q8=1`
 /// adds Q8_0 to that rule. Bench knobs, natively.
@@ -874,11 +878,21 @@ fn xq8_wanted(ty: GgmlType, rows: u64, cols: u64) -> bool {
         let q8 = ty == GgmlType::Q8_0 && knob_on("CERA_XQ8_Q8");
         return (k_type || q8) && rows * cols >= min;
     }
-    let head = k_type && rows >= 65536;
+    let head = (k_type && rows >= 65536) || q8_short_head(ty, rows, cols);
     let big = rows * cols >= XQ8_MIN_VALUES;
     let rows_kind =
         (matches!(ty, GgmlType::Q4K | GgmlType::Q5K) || word_rows_type(ty)) && big && cols <= 4096;
     head || rows_kind
+}
+
+/// A Q8_0 output head (65536 rows or more) of short rows (at most 1024 values, 64 items or
+/// fewer): such a head takes 2 rows a team on 8-bit X instead of 4 rows on f32 X. Measured on an
+/// H100 (`cera bench-gemv --types q8_0 --shapes gemma --configs ...`, us, copy at 2,977 GB/s):
+/// Gemma 3 270M's 262144 x 640 head, 8 lanes: 4 rows f32 X 77.9 (0.78 of copy), 2 rows 70.8,
+/// 4 rows 8-bit X 69.7, 2 rows 8-bit X 64.4 (0.94). Wider Q8_0 heads keep their shape (the 8B
+/// head gained little from 8-bit X with 4 rows, [`xq8_wanted`]).
+fn q8_short_head(ty: GgmlType, rows: u64, cols: u64) -> bool {
+    ty == GgmlType::Q8_0 && rows >= 65536 && cols <= 1024
 }
 
 /// The types whose items can multiply with X quantized to 8 bits (`XQ8`).
