@@ -1,10 +1,12 @@
 // scripts/test's own rules, without running a phase: an unknown CERA_TEST_ONLY is refused before
 // anything is set up, and the counters it sums (cargo's and node's TAP summaries) see ignored and
-// skipped tests and runs of zero tests, which the script then fails. Under a second.
+// skipped tests and runs of zero tests, which the script then fails; the newer lavapipe of the
+// native phase is named only where one is unpacked, and fetching it never fails the set-up (no
+// network here: a mirror at a closed port). Under a second.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { root } from '../../scripts/browser.mjs';
 
@@ -67,4 +69,48 @@ test('a phase fails when its command failed or it ran no tests; its figures coun
   const s = readFileSync(`${root}/scripts/test`, 'utf8');
   assert.match(s, /if \[ "\$\{TOTAL_G:-0\}" -ne 0 \]; then [^\n]*status=1; fi/, 'any ignored or skipped test fails the run');
   assert.equal((s.match(/phase_figures /g) || []).length, 2, 'the cargo phases and e2e both go through phase_figures');
+});
+
+test('lavapipe_vars names the unpacked newer lavapipe for the native tests, unless CERA_SYSTEM_VULKAN=1', () => {
+  const dir = mkdtempSync(`${tmpdir()}/cera-lvp-`);
+  try {
+    const vars = (env) => {
+      const r = bash('source scripts/lib.sh && lavapipe_vars', { XDG_CACHE_HOME: dir, CERA_SYSTEM_VULKAN: '', ...env });
+      assert.equal(r.status, 0, r.stderr);
+      return r.stdout.trim();
+    };
+    assert.equal(vars({}), '', 'no driver unpacked: nothing');
+    mkdirSync(`${dir}/cera-web/lavapipe`, { recursive: true });
+    const icd = `${dir}/cera-web/lavapipe/lvp.json`;
+    writeFileSync(icd, '{}');
+    assert.equal(vars({}), `VK_DRIVER_FILES=${icd}\nVK_ICD_FILENAMES=${icd}`);
+    assert.equal(vars({ CERA_SYSTEM_VULKAN: '1' }), '');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('fetch-lavapipe never fails the set-up: no network (or another system) is a line on stderr, nothing on stdout', () => {
+  const dir = mkdtempSync(`${tmpdir()}/cera-lvp-`);
+  try {
+    // A closed port as the mirror: on Debian 12 the index fetch fails; elsewhere the system is named.
+    const r = spawnSync('python3', ['scripts/fetch-lavapipe'], {
+      cwd: root, encoding: 'utf8', timeout: 90_000,
+      env: { ...process.env, XDG_CACHE_HOME: dir, CERA_DEBIAN_MIRROR: 'http://127.0.0.1:9/debian' },
+    });
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.stdout, '');
+    assert.match(r.stderr, /\[fetch-lavapipe\] (could not fetch mesa-vulkan-drivers from bookworm-backports|not Debian 12|[^:]+: only x86_64|no dpkg-deb).*the system's lavapipe is used/);
+    // One already unpacked is kept, without the network.
+    mkdirSync(`${dir}/cera-web/lavapipe`, { recursive: true });
+    writeFileSync(`${dir}/cera-web/lavapipe/lvp.json`, '{}');
+    const again = spawnSync('python3', ['scripts/fetch-lavapipe'], {
+      cwd: root, encoding: 'utf8', timeout: 30_000,
+      env: { ...process.env, XDG_CACHE_HOME: dir, CERA_DEBIAN_MIRROR: 'http://127.0.0.1:9/debian' },
+    });
+    assert.equal(again.status, 0, again.stderr);
+    assert.equal(again.stdout.trim(), `${dir}/cera-web/lavapipe/lvp.json`);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
