@@ -27,7 +27,7 @@ const CHECKPOINTS: usize = 2;
 /// submits ahead of the GPU and reads the ids of up to this many steps at once; a stop found
 /// among them rewinds the extra steps (their cache cells are simply reused). On a device where
 /// a chain of them takes less than [`CHAIN_TARGET_S`], later chains grow toward it
-/// ([`Session::chain_len`]).
+/// ([`Session::chain_target`]).
 pub const CHAIN: u32 = 16;
 
 /// The longest chain [`Session::decode_chained`] takes (the readback ring's slots).
@@ -144,7 +144,7 @@ pub struct Session {
     /// `CERA_CHAIN_SUBMIT=N` asks for more; read once here, not per chain.
     chain_submit: u32,
     /// Seconds per step of the last chained run (`decode_chained`, from submit to readback): what
-    /// [`Session::chain_len`] sizes the next chain by. `None` until one ran.
+    /// [`Session::chain_target`] sizes the next chain by. `None` until one ran.
     chain_step_s: Option<f64>,
 }
 
