@@ -55,6 +55,23 @@ count_cargo() {
        } END { printf "%d %d %d\n", p, f, g }' skipdoc="${2:-0}" "$1"
 }
 
+# sum_results DIR PHASE...: the phases' DIR/PHASE.result files (a line "passed failed ignored
+# ok", ok 0 when the phase passed, then its summary line) summed, for phases that ran side by side:
+# each summary line, then "TOTAL passed failed ignored status" (status 1 if any phase failed). A
+# phase without its file (it crashed, or was killed) is a failure, named.
+sum_results() {
+  local dir="$1" p rp rf rg rok line tp=0 tf=0 tg=0 st=0; shift
+  for p in "$@"; do
+    if [ -f "$dir/$p.result" ] && { read -r rp rf rg rok && read -r line; } < "$dir/$p.result"; then
+      echo "$line"
+      tp=$((tp + rp)); tf=$((tf + rf)); tg=$((tg + rg)); [ "$rok" = 0 ] || st=1
+    else
+      echo "$p: ended without its figures"; tf=$((tf + 1)); st=1
+    fi
+  done
+  echo "TOTAL $tp $tf $tg $st"
+}
+
 # count_tap LOG: "passed failed skipped" from node's TAP summary ("# pass N", "# fail N",
 # "# cancelled N", "# skipped N", "# todo N"); cancelled counts as failed, todo as skipped.
 count_tap() {

@@ -68,7 +68,31 @@ test('a phase fails when its command failed or it ran no tests; its figures coun
   assert.deepEqual(figures(0, 0, 0, 3), { ok: true, figures: '0 0 3', said: '' }, 'ignored tests fail the run at the end');
   const s = readFileSync(`${root}/scripts/test`, 'utf8');
   assert.match(s, /if \[ "\$\{TOTAL_G:-0\}" -ne 0 \]; then [^\n]*status=1; fi/, 'any ignored or skipped test fails the run');
-  assert.equal((s.match(/phase_figures /g) || []).length, 2, 'the cargo phases and e2e both go through phase_figures');
+  assert.equal((s.match(/phase_figures /g) || []).length, 1, 'one place turns a phase into figures: run_phase');
+  assert.match(s, /run_phase native cargo_counts /, 'the native phase goes through run_phase');
+  assert.match(s, /run_phase chrome cargo_counts /, 'the chrome phase goes through run_phase');
+  assert.match(s, /run_phase e2e count_tap /, 'the e2e phase goes through run_phase');
+});
+
+test('phases side by side: their result files summed, a missing or failed phase fails the run', () => {
+  const dir = mkdtempSync(`${tmpdir()}/cera-results-`);
+  try {
+    const sum = (...phases) => {
+      const r = bash(`source scripts/lib.sh && sum_results "${dir}" ${phases.join(' ')}`);
+      assert.equal(r.status, 0, r.stderr);
+      return r.stdout.trim().split('\n');
+    };
+    writeFileSync(`${dir}/native.result`, '438 0 0 0\nnative: 438 passed, 0 failed, 0 ignored (961s)\n');
+    writeFileSync(`${dir}/lint.result`, '0 0 0 0\nlint: clean (186s)\n');
+    assert.deepEqual(sum('lint', 'native'), ['lint: clean (186s)', 'native: 438 passed, 0 failed, 0 ignored (961s)', 'TOTAL 438 0 0 0']);
+    // A phase killed before it wrote its figures (a lane that crashed) is a failure, named.
+    assert.deepEqual(sum('native', 'e2e'), ['native: 438 passed, 0 failed, 0 ignored (961s)', 'e2e: ended without its figures', 'TOTAL 438 1 0 1']);
+    // A phase that failed (ok 1) fails the run even with its counts at zero failures; ignored tests are summed.
+    writeFileSync(`${dir}/chrome.result`, '295 0 2 1\nchrome: 295 passed, 0 failed, 2 ignored (1339s)\n');
+    assert.deepEqual(sum('native', 'chrome').pop(), 'TOTAL 733 0 2 1');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test('lavapipe_vars names the unpacked newer lavapipe for the native tests, unless CERA_SYSTEM_VULKAN=1', () => {
