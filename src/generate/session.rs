@@ -22,24 +22,36 @@ const MAX_PLANS: usize = 8;
 /// 19 MiB).
 const CHECKPOINTS: usize = 2;
 
-/// Greedy steps chained on the GPU before one readback, at first and at least. Each step's
-/// token goes from its argmax straight into the next step's embedding, so the CPU encodes and
-/// submits ahead of the GPU and reads the ids of up to this many steps at once; a stop found
-/// among them rewinds the extra steps (their cache cells are simply reused). On a device where
-/// a chain of them takes less than [`CHAIN_TARGET_S`], later chains grow toward it
-/// ([`Session::chain_target`]).
-pub const CHAIN: u32 = 16;
+/// Greedy steps chained on the GPU before one readback in a session's first chain, before the
+/// device's time per step is known. Each step's token goes from its argmax straight into the
+/// next step's embedding, so the CPU encodes and submits ahead of the GPU and reads the ids of
+/// the whole chain at once; a stop found among them rewinds the extra steps (their cache cells
+/// are simply reused). Later chains take as many steps as fit in [`CHAIN_TARGET_S`]
+/// ([`Session::chain_target`]). Four: on a CPU-emulated adapter (0.3 s a step and more) a first
+/// chain of 16 held the first streamed ids and a Stop back by about 5 s.
+pub const CHAIN: u32 = 4;
 
 /// The longest chain [`Session::decode_chained`] takes (the readback ring's slots).
 pub const CHAIN_MAX: u32 = 64;
 
 /// The time a chain of greedy steps may take before its ids are read back and handed out: the
-/// delay streaming adds on top of the GPU's own. Each readback leaves the GPU idle while the ids
-/// come back and the next chain's first step is submitted, so a fast GPU gains from longer
-/// chains: measured on an H100 (Gemma 3 270M twin, 128 tokens, tok/s): 16 steps a readback
-/// 1,315, 32 1,335, 64 1,349. There a step takes about 0.75 ms, so chains grow to 64 steps
-/// (48 ms); a device at 4 ms a step keeps 16 (64 ms), and a CPU-emulated one too.
+/// delay streaming adds on top of the GPU's own, and how late a Stop can be seen. Each readback
+/// leaves the GPU idle while the ids come back and the next chain's first step is submitted, so
+/// a fast GPU gains from longer chains: measured on an H100 (Gemma 3 270M twin, 128 tokens,
+/// tok/s): 16 steps a readback 1,315, 32 1,335, 64 1,349. There a step takes about 0.75 ms, so
+/// chains grow to 64 steps (48 ms); a device at 4 ms a step takes 12, and one slower than 50 ms
+/// a step (a CPU-emulated adapter) one step a readback, which costs it nothing measurable
+/// against its step.
 pub const CHAIN_TARGET_S: f64 = 0.05;
+
+/// [`Session::chain_target`]'s rule: the steps a chain takes after chains ran at `step_s`
+/// seconds a step (`None`: none ran yet).
+fn chain_for(step_s: Option<f64>) -> u32 {
+    match step_s {
+        Some(s) if s > 0.0 => (CHAIN_TARGET_S / s).clamp(1.0, CHAIN_MAX as f64) as u32,
+        _ => CHAIN,
+    }
+}
 
 /// How a session uses its context.
 #[derive(Clone, Debug)]
@@ -526,12 +538,11 @@ impl Session {
     }
 
     /// The chain length this device affords: [`CHAIN`] at first, then as many steps as the last
-    /// chained run's time per step fits in [`CHAIN_TARGET_S`], from [`CHAIN`] to [`CHAIN_MAX`].
+    /// chained run's time per step fits in [`CHAIN_TARGET_S`], from 1 to [`CHAIN_MAX`]. A chain
+    /// of one step is still a chained run (its time is measured), so a first chain slowed by
+    /// building its pipelines does not keep a fast device at one step.
     pub fn chain_target(&self) -> u32 {
-        match self.chain_step_s {
-            Some(s) if s > 0.0 => (CHAIN_TARGET_S / s).clamp(CHAIN as f64, CHAIN_MAX as f64) as u32,
-            _ => CHAIN,
-        }
+        chain_for(self.chain_step_s)
     }
 
     /// Greedy decoding of `k` steps kept on the GPU, from `first` (a token not yet fed): each
@@ -737,7 +748,10 @@ impl Session {
                     } else {
                         0
                     };
-                    if k > 1 {
+                    // One step is chained too where that is the device's chain length (slow
+                    // steps), so its time keeps being measured; the last step of `max_tokens`
+                    // is a plain step.
+                    if k > 1 || (k == 1 && self.chain_target() == 1) {
                         let ids = self.decode_chained(input[0], k, &mut sampler).await?;
                         ahead.extend(&ids[1..]);
                         ids[0]
@@ -911,7 +925,29 @@ fn plan_cells(cpu: bool, n: u32, end: u32, n_ctx: u32, short: u32) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{plan_cells, StopScanner};
+    use super::{chain_for, plan_cells, StopScanner, CHAIN, CHAIN_MAX};
+
+    #[test]
+    fn chains_fit_the_target_time_from_one_step_to_the_ring() {
+        assert_eq!(chain_for(None), CHAIN, "before any chain ran");
+        assert_eq!(
+            chain_for(Some(0.0)),
+            CHAIN,
+            "a clock too coarse to time a chain"
+        );
+        assert_eq!(
+            chain_for(Some(0.00075)),
+            CHAIN_MAX,
+            "an H100's 0.75 ms a step: 66 fit"
+        );
+        assert_eq!(chain_for(Some(0.004)), 12, "4 ms a step");
+        assert_eq!(
+            chain_for(Some(0.35)),
+            1,
+            "a CPU-emulated adapter: one step a readback"
+        );
+        assert_eq!(chain_for(Some(1e9)), 1);
+    }
 
     #[test]
     fn plans_cover_their_cells() {
