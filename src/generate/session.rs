@@ -27,8 +27,10 @@ const CHECKPOINTS: usize = 2;
 /// next step's embedding, so the CPU encodes and submits ahead of the GPU and reads the ids of
 /// the whole chain at once; a stop found among them rewinds the extra steps (their cache cells
 /// are simply reused). Later chains take as many steps as fit in [`CHAIN_TARGET_S`]
-/// ([`Session::chain_target`]). Four: on a CPU-emulated adapter (0.3 s a step and more) a first
-/// chain of 16 held the first streamed ids and a Stop back by about 5 s.
+/// ([`Session::chain_target`]). Four, and fewer where the prompt's own step already took more
+/// than a quarter of that a token: on a CPU-emulated adapter (0.3 s a decode step and more) a
+/// first chain of 16 held the first streamed ids and a Stop back by about 5 s, and a chain of 4
+/// on a busy machine by 13 s.
 pub const CHAIN: u32 = 4;
 
 /// The longest chain [`Session::decode_chained`] takes (the readback ring's slots).
@@ -44,11 +46,15 @@ pub const CHAIN_MAX: u32 = 64;
 /// against its step.
 pub const CHAIN_TARGET_S: f64 = 0.05;
 
-/// [`Session::chain_target`]'s rule: the steps a chain takes after chains ran at `step_s`
-/// seconds a step (`None`: none ran yet).
-fn chain_for(step_s: Option<f64>) -> u32 {
-    match step_s {
-        Some(s) if s > 0.0 => (CHAIN_TARGET_S / s).clamp(1.0, CHAIN_MAX as f64) as u32,
+/// [`Session::chain_target`]'s rule: the steps a chain takes after chains ran at `chained_s`
+/// seconds a step, or before any did, after the last step outside a chain (a prompt's) took
+/// `plain_s` a token. A prompt's tokens cost a GPU less each than decode steps, so that bound
+/// only shortens the first chain where even they are slow.
+fn chain_for(chained_s: Option<f64>, plain_s: Option<f64>) -> u32 {
+    let fit = |s: f64| (CHAIN_TARGET_S / s).clamp(1.0, CHAIN_MAX as f64) as u32;
+    match (chained_s, plain_s) {
+        (Some(s), _) if s > 0.0 => fit(s),
+        (_, Some(s)) if s > 0.0 => fit(s).min(CHAIN),
         _ => CHAIN,
     }
 }
@@ -68,6 +74,9 @@ pub struct SessionOptions {
     pub batch: u32,
     /// Chain greedy decode steps on the GPU ([`CHAIN`]); off: one readback per token.
     pub chain: bool,
+    /// Steps a chain takes, fixed (tests, benchmarks); `None`: as many as fit in
+    /// [`CHAIN_TARGET_S`] ([`Session::chain_target`]).
+    pub chain_steps: Option<u32>,
     /// Context shift by recomputation: after dropping tokens, evaluate the kept ones again from
     /// scratch (exact: equal to a fresh prefill of them) instead of re-rotating the kept K cells
     /// and keeping the recurrent (conv) state, which is cheap but drifts. See the README.
@@ -83,6 +92,7 @@ impl Default for SessionOptions {
             context_shift: true,
             batch: 64,
             chain: true,
+            chain_steps: None,
             shift_recompute: false,
         }
     }
@@ -158,6 +168,9 @@ pub struct Session {
     /// Seconds per step of the last chained run (`decode_chained`, from submit to readback): what
     /// [`Session::chain_target`] sizes the next chain by. `None` until one ran.
     chain_step_s: Option<f64>,
+    /// Seconds a token of the last step outside a chain (`generate`'s prompt step): what the
+    /// first chain is sized by.
+    plain_step_s: Option<f64>,
 }
 
 impl Session {
@@ -196,6 +209,7 @@ impl Session {
             chain_submit: crate::gpu::knob::knob_u64("CERA_CHAIN_SUBMIT")
                 .map_or(1, |n| n.max(1) as u32),
             chain_step_s: None,
+            plain_step_s: None,
         })
     }
 
@@ -537,12 +551,16 @@ impl Session {
             .min(self.opts.n_ctx - self.kv.n_past())
     }
 
-    /// The chain length this device affords: [`CHAIN`] at first, then as many steps as the last
-    /// chained run's time per step fits in [`CHAIN_TARGET_S`], from 1 to [`CHAIN_MAX`]. A chain
-    /// of one step is still a chained run (its time is measured), so a first chain slowed by
-    /// building its pipelines does not keep a fast device at one step.
+    /// The chain length this device affords: [`CHAIN`] at first (fewer where the prompt's step
+    /// was slow a token), then as many steps as the last chained run's time per step fits in
+    /// [`CHAIN_TARGET_S`], from 1 to [`CHAIN_MAX`] (`chain_for`); [`SessionOptions::chain_steps`]
+    /// fixes it. A chain of one step is still a chained run (its time is measured), so a first
+    /// chain slowed by building its pipelines does not keep a fast device at one step.
     pub fn chain_target(&self) -> u32 {
-        chain_for(self.chain_step_s)
+        match self.opts.chain_steps {
+            Some(n) => n.clamp(1, CHAIN_MAX),
+            None => chain_for(self.chain_step_s, self.plain_step_s),
+        }
     }
 
     /// Greedy decoding of `k` steps kept on the GPU, from `first` (a token not yet fed): each
@@ -757,7 +775,10 @@ impl Session {
                         ids[0]
                     } else {
                         // The sampler accepts what it samples into its penalty history.
-                        self.step(&input, &mut sampler).await?
+                        let t = now_s();
+                        let id = self.step(&input, &mut sampler).await?;
+                        self.plain_step_s = Some((now_s() - t) / input.len() as f64);
+                        id
                     }
                 }
             };
@@ -929,24 +950,34 @@ mod tests {
 
     #[test]
     fn chains_fit_the_target_time_from_one_step_to_the_ring() {
-        assert_eq!(chain_for(None), CHAIN, "before any chain ran");
+        assert_eq!(chain_for(None, None), CHAIN, "before any step ran");
         assert_eq!(
-            chain_for(Some(0.0)),
+            chain_for(Some(0.0), None),
             CHAIN,
             "a clock too coarse to time a chain"
         );
+        let h100 = Some(0.00075);
         assert_eq!(
-            chain_for(Some(0.00075)),
+            chain_for(h100, None),
             CHAIN_MAX,
             "an H100's 0.75 ms a step: 66 fit"
         );
-        assert_eq!(chain_for(Some(0.004)), 12, "4 ms a step");
+        assert_eq!(chain_for(Some(0.004), None), 12, "4 ms a step");
+        let cpu = Some(0.35);
         assert_eq!(
-            chain_for(Some(0.35)),
+            chain_for(cpu, None),
             1,
             "a CPU-emulated adapter: one step a readback"
         );
-        assert_eq!(chain_for(Some(1e9)), 1);
+        assert_eq!(chain_for(Some(1e9), None), 1);
+        // Before a chain: the prompt's step, a token at a time of it. An H100's 43,000 prompt
+        // tokens a second leave the first chain at CHAIN; lavapipe's 14.5 take it to one step.
+        assert_eq!(chain_for(None, Some(1.0 / 43_000.0)), CHAIN);
+        assert_eq!(chain_for(None, Some(1.0 / 14.5)), 1);
+        assert_eq!(chain_for(None, Some(0.025)), 2, "25 ms a prompt token");
+        // Once a chain ran, its time decides.
+        assert_eq!(chain_for(h100, Some(1.0 / 14.5)), CHAIN_MAX);
+        assert_eq!(chain_for(cpu, Some(1.0 / 43_000.0)), 1);
     }
 
     #[test]

@@ -705,6 +705,7 @@ async fn load_on(
         context_shift: opts.context_shift.unwrap_or(defaults.context_shift),
         batch: opts.batch_size.unwrap_or(defaults.batch),
         chain: defaults.chain,
+        chain_steps: defaults.chain_steps,
         shift_recompute: opts.exact_context_shift.unwrap_or(defaults.shift_recompute),
     };
     let session = opened.session(ctx, sopts.clone())?;
