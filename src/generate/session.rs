@@ -28,9 +28,9 @@ const CHECKPOINTS: usize = 2;
 /// the whole chain at once; a stop found among them rewinds the extra steps (their cache cells
 /// are simply reused). Later chains take as many steps as fit in [`CHAIN_TARGET_S`]
 /// ([`Session::chain_target`]). Four, and fewer where the prompt's own step already took more
-/// than a quarter of that a token: on a CPU-emulated adapter (0.3 s a decode step and more) a
-/// first chain of 16 held the first streamed ids and a Stop back by about 5 s, and a chain of 4
-/// on a busy machine by 13 s.
+/// than a quarter of that a token: on a CPU-emulated adapter (0.3 s a decode step and more)
+/// chains of 16 handed the streamed ids out in bursts about 5 s apart; one step a chain there
+/// streams each id as it comes, at the same decode speed (lavapipe, measured).
 pub const CHAIN: u32 = 4;
 
 /// The longest chain [`Session::decode_chained`] takes (the readback ring's slots).
