@@ -87,9 +87,13 @@ pub async fn run(
         prompt.extend_from_slice(&body);
     }
     prompt.truncate(n_prompt.max(1) as usize);
+    // Greedy steps a readback: what `generate` chains (`Session::chain_target`, from the last
+    // chain's time), unless the bench knob `CERA_CHAIN=N` fixes the length (`chain_steps`).
     let opts = SessionOptions {
         n_ctx: n_prompt + n_gen + 8,
         batch: n_prompt.clamp(1, 512),
+        chain_steps: crate::gpu::knob::knob_u64("CERA_CHAIN")
+            .map(|n| n.min(u32::MAX as u64) as u32),
         ..Default::default()
     };
     let mut session = Session::new(ctx.clone(), model.clone(), tok.clone(), opts)?;
@@ -97,10 +101,6 @@ pub async fn run(
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut per_token = crate::gpu::context::Counts::default();
     let n_dec = n_gen.max(2) - 1;
-    // Greedy steps a readback: what `generate` chains (`Session::chain_target`, from the last
-    // chain's time), unless the bench knob `CERA_CHAIN=N` (up to `CHAIN_MAX`) fixes the length.
-    let chain_knob = crate::gpu::knob::knob_u64("CERA_CHAIN")
-        .map(|n| n.clamp(1, super::session::CHAIN_MAX as u64) as u32);
     // One warm-up run (pipelines compile, buffers settle), then the timed ones. Each run decodes
     // twice from the same prompt: chained greedy steps (what `generate` runs for greedy
     // decoding), then one readback per token.
@@ -115,7 +115,7 @@ pub async fn run(
         let mut id = first;
         let mut left = n_dec;
         while left > 0 {
-            let k = left.min(chain_knob.unwrap_or_else(|| session.chain_target()));
+            let k = left.min(session.chain_target());
             let ids = session.decode_chained(id, k, &mut sampler).await?;
             id = *ids.last().expect("k > 0 steps");
             left -= k;
